@@ -1,0 +1,7 @@
+"""Batch-time and memory models: hardware/model catalogs and cost models behind one interface."""
+from costmodels.base import BatchShape, CostModel, register_costmodel, build_costmodel, COSTMODELS
+from costmodels.catalog import GPU, ModelSpec, get_gpu, get_model, kv_capacity_tokens, GPUS, MODELS
+from costmodels import linear as _linear  # noqa: F401  (registers "linear")
+
+__all__ = ["BatchShape", "CostModel", "register_costmodel", "build_costmodel", "COSTMODELS",
+           "GPU", "ModelSpec", "get_gpu", "get_model", "kv_capacity_tokens", "GPUS", "MODELS"]

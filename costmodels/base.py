@@ -1,0 +1,80 @@
+"""The cost-model interface: a batch's shape in, seconds out; plus a registry of model kinds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from costmodels.errors import UserError
+
+
+@dataclass
+class BatchShape:
+    """What one iteration processes, per request, with no simulation state attached.
+
+    prefill_tokens[i] / prefill_context[i]: chunk length and KV tokens already cached before the chunk
+    (context > 0 for later chunks of a chunked prefill and for refills after eviction).
+    decode_context[i]: KV tokens a decode step reads, including the token being processed (m + 1).
+    The extra fields let research policies pay for what they do (swap traffic, hidden-cache recompute,
+    quantized KV) without the cost model knowing the policy.
+    """
+    prefill_tokens: list = field(default_factory=list)
+    prefill_context: list = field(default_factory=list)
+    decode_context: list = field(default_factory=list)
+    swap_in_tokens: int = 0
+    swap_out_tokens: int = 0
+    hidden_recompute_tokens: int = 0   # Apt-Serve: hidden-cached tokens whose K/V is recomputed this step
+    dequant_tokens: int = 0            # ALISE: INT8 KV tokens dequantized this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.prefill_tokens) + len(self.decode_context)
+
+
+class CostModel:
+    """Predicts GPU time of one batch. Subclasses follow scikit-learn's contract: knobs in __init__,
+    `fit(...)` where it applies, and `batch_time(shape)` as the prediction."""
+
+    kind = "base"
+
+    def __init__(self, model=None, gpu=None, kv_bytes_per_token: float | None = None, tp: int = 1):
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        if kv_bytes_per_token is None and model is not None:
+            kv_bytes_per_token = model.kv_bytes_per_token() / tp
+        self.kv_bytes_per_token = kv_bytes_per_token or 0.0
+
+    def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def swap_time(self, tokens: int) -> float:
+        """Seconds to move `tokens` KV entries over PCIe (one direction)."""
+        if tokens <= 0 or self.gpu is None:
+            return 0.0
+        return self.gpu.pcie_latency_s + tokens * self.kv_bytes_per_token / self.gpu.pcie_bytes_per_s
+
+    def batch_time(self, shape: BatchShape) -> float:
+        """Seconds for the whole iteration: compute plus swap traffic that is not hidden."""
+        t = self.compute_time(shape)
+        if shape.swap_in_tokens or shape.swap_out_tokens:
+            t += self.swap_time(shape.swap_in_tokens) + self.swap_time(shape.swap_out_tokens)
+        return t
+
+
+COSTMODELS: dict[str, Callable] = {}
+
+
+def register_costmodel(kind: str):
+    def deco(builder):
+        COSTMODELS[kind] = builder
+        return builder
+    return deco
+
+
+def build_costmodel(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> CostModel:
+    """Build the cost model a scenario's `costmodel:` section names."""
+    spec = dict(spec or {})
+    kind = spec.pop("kind", "linear")
+    if kind not in COSTMODELS:
+        raise UserError(f"{where}.kind: unknown cost model {kind!r}; allowed: {', '.join(sorted(COSTMODELS))}")
+    return COSTMODELS[kind](spec, model=model, gpu=gpu, tp=tp, where=where)

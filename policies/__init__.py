@@ -1,0 +1,5 @@
+"""Scheduling policies: the InferMax unified family (presets) and the seed systems, behind one registry."""
+from policies.base import Batch, Policy, POLICIES, register_policy, build_policy
+from policies import unified as _unified  # noqa: F401  (registers the presets)
+
+__all__ = ["Batch", "Policy", "POLICIES", "register_policy", "build_policy"]

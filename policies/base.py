@@ -1,0 +1,98 @@
+"""The policy contract: read the engine's view, return a Batch; change state only through view actions."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from costmodels.errors import UserError
+
+
+class Batch:
+    """What runs this iteration: parallel lists of requests and tokens each processes."""
+    __slots__ = ("reqs", "tokens", "num_tokens", "num_prefill_tokens")
+
+    def __init__(self):
+        self.reqs: list = []
+        self.tokens: list = []
+        self.num_tokens = 0
+        self.num_prefill_tokens = 0
+
+    def add(self, req, tokens: int, is_prefill: bool) -> None:
+        self.reqs.append(req)
+        self.tokens.append(tokens)
+        self.num_tokens += tokens
+        if is_prefill:
+            self.num_prefill_tokens += tokens
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+
+class Policy:
+    """Base class. Subclasses declare their knobs as a dataclass `Config` and implement `schedule`.
+
+    The view (built by the engine) offers: now, waiting (deque), running (list, admission order),
+    swapped (deque), memory (KV manager), costmodel, iteration, and the actions
+    reserve(req, tokens, admission) -> bool, admit(req), preempt(req, mode, front), swap_in(req) -> bool.
+    """
+
+    name = "base"
+    summary = ""
+
+    @dataclasses.dataclass
+    class Config:
+        pass
+
+    def __init__(self, config=None, **knobs):
+        self.config = config if config is not None else self.make_config(knobs)
+
+    @classmethod
+    def make_config(cls, knobs: dict, where: str = "policy"):
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        bad = sorted(set(knobs) - fields)
+        if bad:
+            raise UserError(f"{where}: unknown knob(s) {', '.join(bad)} for policy {cls.name!r}; "
+                            f"allowed: {', '.join(sorted(fields))}")
+        cfg = cls.Config(**knobs)
+        if hasattr(cfg, "validate"):
+            cfg.validate(where)
+        return cfg
+
+    # -- hooks --------------------------------------------------------------------------------------------
+    def bind(self, view) -> None:
+        """Called once before the run, with the engine's view."""
+
+    def infeasible_reason(self, req, capacity_tokens: int, block_size: int) -> str | None:
+        """Why `req` can never complete under this policy (None if it can)."""
+        need = req.prompt_tokens + req.output_tokens - 1
+        if -(-need // block_size) * block_size > capacity_tokens:
+            return f"prompt+output-1 = {need} tokens exceed KV capacity M = {capacity_tokens}"
+        return None
+
+    def schedule(self, view) -> Batch:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def on_commit(self, view, batch: Batch, batch_time_s: float) -> None:
+        """Called after a batch's tokens are committed (policies that learn from completions use it)."""
+
+
+POLICIES: dict[str, tuple[type, dict, str]] = {}
+
+
+def register_policy(name: str, cls: type, summary: str, **preset_knobs: Any) -> None:
+    """Register a named policy: a class and the knob values that make it this preset."""
+    POLICIES[name] = (cls, preset_knobs, summary)
+
+
+def build_policy(spec: dict, where: str = "policy") -> Policy:
+    spec = dict(spec or {})
+    name = spec.pop("name", None)
+    if name is None:
+        raise UserError(f"{where}.name: missing; allowed: {', '.join(sorted(POLICIES))}")
+    if name not in POLICIES:
+        raise UserError(f"{where}.name: unknown policy {name!r}; allowed: {', '.join(sorted(POLICIES))}")
+    cls, preset, _ = POLICIES[name]
+    knobs = {**preset, **spec}
+    pol = cls(config=cls.make_config(knobs, where))
+    pol.name = name
+    return pol

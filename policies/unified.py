@@ -1,0 +1,292 @@
+"""InferMax Algorithm 1 as one configurable loop; vLLM, Sarathi, Orca, ... are presets of it (spec infermax §2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodels.errors import UserError
+from policies.base import Batch, Policy, register_policy
+
+ORDERS = ("prefill_first", "decode_first", "running_first", "ranked")
+RANK_KEYS = ("arrival", "input", "output", "predicted")
+RESERVATIONS = ("incremental", "prompt", "full", "max_model_len", "predicted")
+VICTIMS = ("tail", "longest_input", "least_progress", "most_cached")
+PREEMPTIONS = ("recompute", "swap")
+UNLIMITED = 1 << 40
+
+_NEXT_CAND, _NEXT_GROUP = 0, 1
+
+
+def _choice(value, allowed, where):
+    if value not in allowed:
+        raise UserError(f"{where}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+class UnifiedScheduler(Policy):
+    """GetNextBatch of Algorithm 1: ordered groups → hybrid check → CanAllocate(C, P, M, R_max) → evict or move on."""
+
+    name = "unified"
+
+    @dataclass
+    class Config:
+        order: str = "prefill_first"        # group order: [R_w,R_r] | [R_r^d,R_r^p,R_w] | [R_r,R_w] | one ranked group
+        rank_key: str = "arrival"           # ranked order: ascending arrival | initial input | output | predicted output
+        hybrid: bool = False                # prefill and decode requests in the same batch
+        chunked: bool = False               # split prompts to the remaining prefill budget
+        C: int = 4096                       # max tokens per batch (0 = unlimited)
+        P: int = 4096                       # max prefill tokens per batch (0 = unlimited)
+        p_counts_decode_tokens: bool = True  # spec A3: prefill budget is P − all tokens already in the batch
+        R_max: int = 0                      # max running size (requests holding KV); 0 = unlimited (spec A2)
+        reservation: str = "prompt"         # KV reserved at admission: see RESERVATIONS; 'full' = eviction-free I+O−1
+        reservation_padding: float = 0.0    # extra fraction on a predicted length ('predicted' reservation)
+        max_model_len: int = 4096           # reservation size for 'max_model_len' (Orca, FasterTransformer)
+        evict_for_waiting: bool = False     # M-failure of a waiting candidate evicts lower-priority running requests
+        evict_for_running: bool = True      # M-failure of a running candidate evicts other running requests
+        self_evict: bool = True             # with no victim left, a running candidate evicts itself (vLLM)
+        victim: str = "tail"                # which running request to evict (spec A6)
+        requeue: str = "front"              # evicted requests go to the front (vLLM) or back (paper text) of R_w
+        preemption: str = "recompute"       # recompute (InferMax, vLLM v1) or swap to CPU (vLLM v0)
+        skip_blocked: bool = False          # after a failure try the next candidate instead of the next group (A7)
+        admit_after_preemption: bool = True  # vLLM v1: no waiting admissions on a step that preempted
+        static_batching: bool = False       # FasterTransformer: admit only when nothing is running
+        peak_admission: bool = False        # LightLLM: admit only if projected peak KV of running ∪ {cand} fits
+
+        def validate(self, where="policy"):
+            _choice(self.order, ORDERS, f"{where}.order")
+            _choice(self.rank_key, RANK_KEYS, f"{where}.rank_key")
+            _choice(self.reservation, RESERVATIONS, f"{where}.reservation")
+            _choice(self.victim, VICTIMS, f"{where}.victim")
+            _choice(self.preemption, PREEMPTIONS, f"{where}.preemption")
+            _choice(self.requeue, ("front", "back"), f"{where}.requeue")
+            for k in ("C", "P", "R_max", "max_model_len"):
+                v = getattr(self, k)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise UserError(f"{where}.{k}: must be a non-negative integer, got {v!r}")
+            if self.reservation_padding < 0:
+                raise UserError(f"{where}.reservation_padding: must be >= 0, got {self.reservation_padding}")
+
+    def __init__(self, config=None, **knobs):
+        super().__init__(config, **knobs)
+        c = self.config
+        self.C = c.C or UNLIMITED
+        self.P = min(c.P or UNLIMITED, self.C)
+
+    # -- feasibility ------------------------------------------------------------------------------------------
+    def infeasible_reason(self, req, capacity_tokens, block_size):
+        c = self.config
+        reason = super().infeasible_reason(req, capacity_tokens, block_size)
+        if reason:
+            return reason
+        if c.reservation == "max_model_len":
+            if req.prompt_tokens + req.output_tokens - 1 > c.max_model_len:
+                return f"prompt+output-1 exceeds max_model_len = {c.max_model_len}"
+            if c.max_model_len > capacity_tokens:
+                return f"max_model_len = {c.max_model_len} exceeds KV capacity M = {capacity_tokens}"
+        if not c.chunked and req.prompt_tokens > self.P:
+            return f"prompt of {req.prompt_tokens} tokens exceeds the prefill budget {self.P} without chunked prefill"
+        return None
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _rank(self, r):
+        k = self.config.rank_key
+        if k == "input":
+            return (r.prompt_tokens, r.id)
+        if k == "output":
+            return (r.output_tokens, r.id)
+        if k == "predicted":
+            return (r.predicted_output_tokens, r.id)
+        return (r.arrival_s, r.id)
+
+    def _groups(self, view):
+        """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
+        order = self.config.order
+        waiting = lambda: list(view.swapped) + list(view.waiting)  # noqa: E731  (swapped take precedence, vLLM v0)
+        if order == "prefill_first":
+            yield waiting()
+            yield list(view.running)
+        elif order == "decode_first":
+            run = list(view.running)
+            yield [r for r in run if r.cached >= r.input_tokens]
+            yield [r for r in run if r.cached < r.input_tokens]
+            yield waiting()
+        elif order == "running_first":
+            yield list(view.running)
+            yield waiting()
+        else:
+            yield sorted(list(view.running) + waiting(), key=self._rank)
+
+    def _admission_target(self, r, c):
+        """KV tokens a request must hold after this step when it (re)enters the running set."""
+        mode = self.config.reservation
+        if mode == "incremental":
+            return r.cached + c
+        if mode == "prompt":
+            return max(r.input_tokens, r.cached + c)
+        remaining = r.output_tokens - r.generated
+        if mode == "full":
+            return r.input_tokens + remaining - 1
+        if mode == "max_model_len":
+            return max(self.config.max_model_len, r.cached + c)
+        pred = max(r.predicted_output_tokens - r.generated, 1)
+        padded = int(-(-pred * (1.0 + self.config.reservation_padding) // 1))
+        return max(r.input_tokens + padded - 1, r.input_tokens)
+
+    def _peak_fits(self, view, cand):
+        """LightLLM: project every running request's KV forward with its remaining output; the peak must fit."""
+        items = [(r.output_tokens - r.generated, r.cached) for r in view.running]
+        items.append((cand.output_tokens - cand.generated, cand.input_tokens))
+        items.sort()
+        total_now = sum(s for _, s in items)
+        peak, grown_done, n = 0, 0, len(items)
+        # At the moment the k-th shortest finishes (t = rem_k), requests k.. still hold size + rem_k.
+        for k, (rem, _) in enumerate(items):
+            live = total_now - grown_done + rem * (n - k)
+            peak = max(peak, live)
+            grown_done += items[k][1]
+        return peak <= view.memory.capacity_tokens
+
+    def _victim(self, view, cand, stamp, waiting_cand):
+        rule = self.config.victim
+        best = None
+        for r in reversed(view.running):
+            if r is cand or r.sched_stamp == stamp:
+                continue
+            if waiting_cand and not self._lower_priority(r, cand):
+                continue
+            if rule == "tail":
+                if self.config.order != "ranked":
+                    return r
+                if best is None or self._rank(r) > self._rank(best):
+                    best = r
+            elif best is None:
+                best = r
+            elif rule == "longest_input" and r.input_tokens > best.input_tokens:
+                best = r
+            elif rule == "least_progress" and r.cached < best.cached:
+                best = r
+            elif rule == "most_cached" and r.cached > best.cached:
+                best = r
+        return best
+
+    def _lower_priority(self, r, cand):
+        if self.config.order == "ranked":
+            return self._rank(r) > self._rank(cand)
+        return (r.arrival_s, r.id) > (cand.arrival_s, cand.id)
+
+    # -- Algorithm 1 ------------------------------------------------------------------------------------------
+    def schedule(self, view) -> Batch:
+        cfg = self.config
+        batch = Batch()
+        stamp = view.iteration
+        st = {"preempted": False, "phase": None, "static_block": cfg.static_batching and bool(view.running)}
+        for group in self._groups(view):
+            for cand in group:
+                if cand.sched_stamp == stamp:
+                    continue
+                if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
+                    break
+        return batch
+
+    def _consider(self, view, cand, batch, stamp, st):
+        cfg = self.config
+        holding = cand.on_gpu
+        is_prefill = cand.cached < cand.input_tokens
+        if not cfg.hybrid and batch.reqs and is_prefill != st["phase"]:       # ② CheckHybridBatching
+            return _NEXT_CAND
+        if not holding:
+            if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):
+                return _NEXT_GROUP
+        # ③ CanAllocate: token budgets
+        used = batch.num_tokens
+        if is_prefill:
+            need = cand.input_tokens - cand.cached
+            p_left = self.P - (used if cfg.p_counts_decode_tokens else batch.num_prefill_tokens)
+            room = min(p_left, self.C - used)
+            if cfg.chunked:
+                c = min(need, room)
+            elif need <= room:
+                c = need
+            elif batch.num_prefill_tokens == 0 and used == 0:
+                c = need   # a refill longer than the budget (prompt grew by eviction) runs alone rather than never
+            else:
+                c = 0
+        else:
+            c = 1 if used < self.C else 0
+        if c <= 0:
+            return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
+        if not holding and cfg.R_max and len(view.running) >= cfg.R_max:
+            return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
+        if not holding and cfg.peak_admission and not self._peak_fits(view, cand):
+            return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
+        # ③ CanAllocate: memory, with ④ evict-and-retry
+        while True:
+            if holding:
+                ok = view.reserve(cand, cand.cached + c)
+            elif cand.swapped:
+                ok = view.swap_in(cand, cand.cached + c)
+            else:
+                ok = view.admit(cand, self._admission_target(cand, c))
+            if ok:
+                break
+            if (cfg.evict_for_running if holding else cfg.evict_for_waiting):
+                victim = self._victim(view, cand, stamp, waiting_cand=not holding)
+                if victim is not None:
+                    self._preempt(view, victim, stamp, st)
+                    continue
+                if holding and cfg.self_evict:
+                    self._preempt(view, cand, stamp, st)
+                    return _NEXT_CAND
+            return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
+        cand.sched_stamp = stamp
+        batch.add(cand, c, is_prefill)
+        st["phase"] = is_prefill
+        return _NEXT_CAND
+
+    def _preempt(self, view, r, stamp, st):
+        view.preempt(r, mode=self.config.preemption, front=self.config.requeue == "front")
+        r.sched_stamp = stamp
+        st["preempted"] = True
+
+
+# -- presets: each a configuration of the one loop, nothing more ------------------------------------------------
+_INFERMAX = dict(C=4096, P=4096)
+_BASES = {
+    "vllm": ("vLLM v0 as InferMax models it: prefill-first, no hybrid, no chunking, evict running on M-failure",
+             dict(order="prefill_first", hybrid=False, chunked=False, **_INFERMAX)),
+    "vllm-hy": ("vLLM with hybrid batching: prefill-first, decodes may join prefill batches",
+                dict(order="prefill_first", hybrid=True, chunked=False, **_INFERMAX)),
+    "sarathi": ("Sarathi-Serve: decode-first, hybrid, chunked prefill, P=512, C=4096",
+                dict(order="decode_first", hybrid=True, chunked=True, C=4096, P=512)),
+    "sarathi-p=c": ("Sarathi with P=C=4096: admits up to C/I new requests per batch",
+                    dict(order="decode_first", hybrid=True, chunked=True, **_INFERMAX)),
+    "sarathi-nocp": ("Sarathi without chunked prefill (a prompt must fit whole in P)",
+                     dict(order="decode_first", hybrid=True, chunked=False, **_INFERMAX)),
+    "sarathi-nohy": ("Sarathi without hybrid batching or chunking: behaves like request-level batching",
+                     dict(order="decode_first", hybrid=False, chunked=False, **_INFERMAX)),
+}
+for _name, (_summary, _knobs) in _BASES.items():
+    register_policy(_name, UnifiedScheduler, _summary, **_knobs)
+    register_policy(f"{_name}-ef", UnifiedScheduler, _summary.split(":")[0] + ", eviction-free (reserve I+O-1)",
+                    reservation="full", **_knobs)
+
+_RANKED = dict(order="ranked", hybrid=True, chunked=True, C=4096, P=512, skip_blocked=True, evict_for_waiting=True)
+register_policy("rank-org", UnifiedScheduler, "one group ranked by arrival (InferMax A.3)", rank_key="arrival", **_RANKED)
+register_policy("rank-i", UnifiedScheduler, "one group ranked by ascending input size (InferMax A.3)",
+                rank_key="input", **_RANKED)
+register_policy("rank-o", UnifiedScheduler, "one group ranked by ascending output size (InferMax A.3)",
+                rank_key="output", **_RANKED)
+register_policy("orca", UnifiedScheduler, "Orca: running first, whole prefills join decodes, reserve max_model_len, "
+                "never preempt", order="running_first", hybrid=True, chunked=False, C=0, P=0, R_max=256,
+                reservation="max_model_len", evict_for_running=False, self_evict=False)
+register_policy("fastertransformer", UnifiedScheduler, "FasterTransformer: request-level static batching, "
+                "reserve max_model_len", order="prefill_first", hybrid=False, chunked=False, C=0, P=0, R_max=256,
+                reservation="max_model_len", static_batching=True, evict_for_running=False, self_evict=False)
+register_policy("deepspeed-fastgen", UnifiedScheduler, "DeepSpeed-FastGen Dynamic SplitFuse: decode-first, "
+                "hybrid, chunked to a fixed token budget P=C=2048", order="decode_first", hybrid=True, chunked=True,
+                C=2048, P=2048)
+register_policy("lightllm", UnifiedScheduler, "LightLLM: prefill-first, token-level KV, admission only if the "
+                "projected peak KV (known output lengths) fits", order="prefill_first", hybrid=False, chunked=False,
+                **_INFERMAX, peak_admission=True)
+register_policy("vllm-v1", UnifiedScheduler, "vLLM v1: running first, chunked, preempt from the tail (recompute), "
+                "admit waiting only on steps without preemption; C=2048, max_num_seqs=128",
+                order="running_first", hybrid=True, chunked=True, C=2048, P=2048, R_max=128,
+                reservation="incremental", admit_after_preemption=False)

@@ -1,0 +1,1 @@
+"""GPU profiler harness and the profiled timings / fitted coefficient files it produces."""

@@ -1,0 +1,96 @@
+"""The `servesim` command: run scenarios, list policies; other packages plug in their own subcommands."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+
+from costmodels.errors import UserError
+
+# Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
+PLUGINS: list[str] = []
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.4g}"
+    return str(v)
+
+
+SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "request_throughput", "ttft_mean",
+                "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
+                "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
+                "wall_s")
+
+
+def print_summary(summary: dict, title: str = "", file=None) -> None:
+    file = file or sys.stdout
+    if title:
+        print(title, file=file)
+    keys = [k for k in SUMMARY_KEYS if k in summary] + sorted(k for k in summary if k.startswith("slo_attainment_"))
+    w = max(len(k) for k in keys)
+    for k in keys:
+        print(f"  {k:<{w}}  {_fmt(summary[k])}", file=file)
+
+
+def cmd_run(args) -> int:
+    from sim.config import load_scenario
+    from sim.runner import run_scenario
+    scn = load_scenario(args.scenario, args.set)
+    res = run_scenario(scn)
+    if res.meta["infeasible_ids"]:
+        ids = res.meta["infeasible_ids"]
+        print(f"warning: {len(ids)} request(s) can never complete and were not run (ids {ids[:5]}"
+              f"{' ...' if len(ids) > 5 else ''}): {'; '.join(res.meta['infeasible_reasons'])}", file=sys.stderr)
+    if res.summary["truncated"]:
+        print(f"warning: run truncated at sim.max_iterations={scn.sim.max_iterations}; "
+              f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)
+    print_summary(res.summary, f"{scn.name}: policy={scn.policy.get('name')} M={res.capacity_tokens} tokens")
+    if args.out:
+        paths = res.write(args.out, args.format)
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def cmd_policies(args) -> int:
+    from policies import POLICIES
+    w = max(len(n) for n in POLICIES)
+    for name, (_, _, summary) in sorted(POLICIES.items()):
+        print(f"{name:<{w}}  {summary}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="servesim", description="Discrete-event simulator of LLM inference serving.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run one scenario and print its summary")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any scenario field, e.g. --set policy.name=sarathi --set memory.M=100000")
+    r.add_argument("--out", help="directory for requests/iterations/summary tables")
+    r.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    r.set_defaults(func=cmd_run)
+    pl = sub.add_parser("policies", help="list the named policies, one line each")
+    pl.set_defaults(func=cmd_policies)
+    for mod in PLUGINS:
+        importlib.import_module(mod).register(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"servesim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Scenario YAML → validated dataclasses, with `--set a.b=c` overrides reaching every field."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from costmodels.errors import UserError
+from sim.metrics import SLO
+
+
+@dataclass
+class ModelSection:
+    """Which model (a name in costmodels.MODELS)."""
+    name: str = "llama-2-7b"
+
+
+@dataclass
+class HardwareSection:
+    """Which GPU (a name in costmodels.GPUS), tensor-parallel degree, and the memory fraction the server may use."""
+    gpu: str = "a100-80gb"
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass
+class MemorySection:
+    """KV memory. M (tokens) given directly, or derived from the GPU when null."""
+    M: typing.Optional[int] = None
+    block_size: int = 16
+    watermark: float = 0.0
+    swap_space_gib: float = 4.0
+    activation_reserve_gib: float = 0.0
+    kv_dtype: typing.Optional[str] = None
+
+
+@dataclass
+class SimSection:
+    """Loop guards and what to record."""
+    max_iterations: int = 0            # 0 = run to completion; a hit is reported as truncated, never silently
+    watchdog_iterations: int = 200_000  # iterations without a generated token before declaring a livelock
+    keep_token_times: bool = False     # keep every token time per request (memory grows with tokens)
+    record_iterations: bool = True
+
+
+@dataclass
+class Scenario:
+    name: str = "scenario"
+    seed: int = 0
+    model: ModelSection = field(default_factory=ModelSection)
+    hardware: HardwareSection = field(default_factory=HardwareSection)
+    costmodel: dict = field(default_factory=lambda: {"kind": "linear"})
+    memory: MemorySection = field(default_factory=MemorySection)
+    policy: dict = field(default_factory=lambda: {"name": "vllm"})
+    workload: dict = field(default_factory=lambda: {"kind": "offline", "num_requests": 1024,
+                                                    "prompt": 128, "output": 128})
+    slo: dict = field(default_factory=dict)
+    sim: SimSection = field(default_factory=SimSection)
+    source: str = ""
+
+    def slos(self) -> dict:
+        """Per-class SLO objects: top-level targets are the 'default' class; `classes:` adds others."""
+        raw = dict(self.slo or {})
+        classes = raw.pop("classes", {}) or {}
+        out = {}
+        if raw:
+            out["default"] = _from_dict(SLO, raw, "slo")
+        for name, d in classes.items():
+            out[name] = _from_dict(SLO, d or {}, f"slo.classes.{name}")
+        return out
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        return d
+
+
+def _coerce(value, typ, where):
+    origin = typing.get_origin(typ)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise UserError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise UserError(f"{where}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise UserError(f"{where}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{where}: expected a string, got {value!r}")
+    if typ is dict:
+        if isinstance(value, dict):
+            return value
+        raise UserError(f"{where}: expected a mapping, got {value!r}")
+    return value
+
+
+def _from_dict(cls, d, where):
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: expected a mapping, got {d!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bad = sorted(set(d) - set(fields))
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; allowed: {', '.join(fields)}")
+    kw = {}
+    for k, v in d.items():
+        t = hints[k]
+        if dataclasses.is_dataclass(t):
+            kw[k] = _from_dict(t, v, f"{where}.{k}" if where else k)
+        else:
+            kw[k] = _coerce(v, t, f"{where}.{k}" if where else k)
+    return cls(**kw)
+
+
+def parse_override(text: str) -> tuple[list, object]:
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. policy.name=sarathi")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return [p for p in key.strip().split(".") if p], value
+
+
+def apply_overrides(raw: dict, overrides) -> dict:
+    raw = copy.deepcopy(raw)
+    for text in overrides or ():
+        path, value = parse_override(text)
+        node = raw
+        for p in path[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            if not isinstance(node[p], dict):
+                raise UserError(f"--set {text!r}: {p!r} is not a section")
+            node = node[p]
+        node[path[-1]] = value
+    return raw
+
+
+def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
+    raw = apply_overrides(raw or {}, overrides)
+    scn = _from_dict(Scenario, raw, "")
+    scn.source = source
+    for sec in ("policy", "workload", "costmodel"):
+        if not isinstance(getattr(scn, sec), dict):
+            raise UserError(f"{source}: {sec}: expected a mapping")
+    return scn
+
+
+def load_scenario(path, overrides=()) -> Scenario:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: scenario file does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: top level must be a mapping of sections")
+    try:
+        return scenario_from_dict(raw, overrides, str(path))
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None

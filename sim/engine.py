@@ -1,0 +1,222 @@
+"""The SimPy event loop: an arrivals process feeds a replica process that loops schedule → cost → timeout → commit."""
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+
+from costmodels.base import BatchShape
+from sim.errors import SimulationStuck
+from sim.memory import KVCacheManager
+from sim.metrics import SimResult, finalize_request
+from sim.request import DONE, INFEASIBLE, RUNNING, SWAPPED, WAITING, Request
+
+
+class ReplicaView:
+    """What a policy sees of one replica, and the only actions through which it may change state."""
+
+    def __init__(self, memory: KVCacheManager, costmodel):
+        self.memory = memory
+        self.costmodel = costmodel
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.swapped: deque = deque()
+        self.now = 0.0
+        self.iteration = 0
+        self.kv_cached_tokens = 0          # Σ m over requests on the GPU
+        self.step_preemptions = 0
+        self.step_swap_in = 0
+        self.step_swap_out = 0
+
+    # -- actions ----------------------------------------------------------------------------------------------
+    def reserve(self, req: Request, tokens: int) -> bool:
+        """Grow a running request's KV allocation to `tokens`."""
+        return self.memory.reserve(req, tokens)
+
+    def admit(self, req: Request, tokens: int) -> bool:
+        """Move a waiting request onto the GPU with `tokens` KV reserved (admission watermark applies)."""
+        if not self.memory.reserve(req, tokens, admission=True):
+            return False
+        self.waiting.remove(req)
+        req.state = RUNNING
+        self.running.append(req)
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = self.now
+        return True
+
+    def swap_in(self, req: Request, tokens: int) -> bool:
+        if not self.memory.swap_in(req, tokens):
+            return False
+        self.swapped.remove(req)
+        req.state = RUNNING
+        self.running.append(req)
+        self.kv_cached_tokens += req.cached
+        self.step_swap_in += req.cached
+        return True
+
+    def preempt(self, req: Request, mode: str = "recompute", front: bool = True) -> None:
+        """Take a running request off the GPU: swap its KV to CPU, or drop it and recompute later."""
+        if self.running and self.running[-1] is req:
+            self.running.pop()
+        else:
+            self.running.remove(req)
+        self.kv_cached_tokens -= req.cached
+        self.step_preemptions += 1
+        if mode == "swap" and self.memory.can_swap_out(req):
+            self.step_swap_out += self.memory.swap_out(req)
+            req.state = SWAPPED
+            req.swaps += 1
+            (self.swapped.appendleft if front else self.swapped.append)(req)
+            return
+        if req.cached >= req.input_tokens:         # decode-phase eviction: generated tokens join the prompt
+            req.input_tokens = req.cached + 1
+        req.evicted_tokens += req.cached
+        req.cached = 0
+        self.memory.free(req)
+        req.state = WAITING
+        req.evictions += 1
+        (self.waiting.appendleft if front else self.waiting.append)(req)
+
+
+class Simulation:
+    """One replica serving a request stream under one policy and one cost model."""
+
+    def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
+                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True):
+        self.policy = policy
+        self.costmodel = costmodel
+        self.memory = memory
+        self.view = ReplicaView(memory, costmodel)
+        self.max_iterations = max_iterations
+        self.watchdog_iterations = watchdog_iterations
+        self.keep_token_times = keep_token_times
+        self.record_iterations = record_iterations
+        self.all_requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        self.infeasible = []
+        feasible = []
+        for r in self.all_requests:
+            why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
+            if why:
+                r.state, r.reason = INFEASIBLE, why
+                self.infeasible.append(r)
+            else:
+                feasible.append(r)
+        self.requests = feasible
+        self.completed = 0
+        self.arrived = 0
+        self.tokens_generated = 0
+        self.truncated = False
+        self.iters = {k: [] for k in ("start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
+                                      "running", "waiting", "kv_alloc_tokens", "kv_cached_tokens",
+                                      "preemptions", "swap_in_tokens", "swap_out_tokens")}
+        self._idle = None
+
+    # -- processes --------------------------------------------------------------------------------------------
+    def _arrivals(self, env):
+        reqs, n, i = self.requests, len(self.requests), 0
+        while i < n:
+            t = reqs[i].arrival_s
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            while i < n and reqs[i].arrival_s <= t:
+                self.view.waiting.append(reqs[i])
+                i += 1
+            self.arrived = i
+            if self._idle is not None and not self._idle.triggered:
+                self._idle.succeed()
+
+    def _replica(self, env):
+        view, policy, cm = self.view, self.policy, self.costmodel
+        total = len(self.requests)
+        last_progress = 0
+        while self.completed < total:
+            view.now = env.now
+            view.iteration += 1
+            view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            batch = policy.schedule(view)
+            if not batch.reqs:
+                if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
+                    raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
+                if self.arrived < total:
+                    self._idle = env.event()
+                    yield self._idle
+                    self._idle = None
+                continue
+            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out)
+            pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+            for r, c in zip(batch.reqs, batch.tokens):
+                if r.cached >= r.input_tokens:
+                    dc.append(r.cached + 1)
+                else:
+                    pt.append(c)
+                    pc.append(r.cached)
+            dt = cm.batch_time(shape)
+            start = env.now
+            yield env.timeout(dt)
+            gen_before = self.tokens_generated
+            self._commit(batch, env.now)
+            policy.on_commit(view, batch, dt)
+            if self.record_iterations:
+                self._record(start, dt, len(batch.reqs), sum(pt), len(dc))
+            if self.tokens_generated > gen_before:
+                last_progress = view.iteration
+            elif view.iteration - last_progress > self.watchdog_iterations:
+                raise SimulationStuck(self._stuck_message(
+                    f"no token generated in {self.watchdog_iterations} iterations (evict/refill livelock?)"))
+            if self.max_iterations and view.iteration >= self.max_iterations:
+                self.truncated = True
+                return
+
+    def _commit(self, batch, now):
+        view, keep = self.view, self.keep_token_times
+        finished = False
+        view.kv_cached_tokens += batch.num_tokens
+        for r, c in zip(batch.reqs, batch.tokens):
+            r.cached += c
+            if r.cached >= r.input_tokens:
+                r.generated += 1
+                self.tokens_generated += 1
+                if r.first_token_s is None:
+                    r.first_token_s = now
+                r.token_times.append(now)
+                if r.generated >= r.output_tokens:
+                    r.completion_s = now
+                    r.state = DONE
+                    view.kv_cached_tokens -= r.cached
+                    self.memory.free(r)
+                    self.completed += 1
+                    finished = True
+                    finalize_request(r, keep)
+        if finished:
+            view.running[:] = [r for r in view.running if r.state == RUNNING]
+
+    def _record(self, start, dt, n, prefill, decode):
+        it, v = self.iters, self.view
+        it["start_s"].append(start)
+        it["duration_s"].append(dt)
+        it["batch_size"].append(n)
+        it["prefill_tokens"].append(prefill)
+        it["decode_tokens"].append(decode)
+        it["running"].append(len(v.running))
+        it["waiting"].append(len(v.waiting) + len(v.swapped))
+        it["kv_alloc_tokens"].append(self.memory.used_tokens)
+        it["kv_cached_tokens"].append(v.kv_cached_tokens)
+        it["preemptions"].append(v.step_preemptions)
+        it["swap_in_tokens"].append(v.step_swap_in)
+        it["swap_out_tokens"].append(v.step_swap_out)
+
+    def _stuck_message(self, why):
+        v = self.view
+        head = (v.waiting[0] if v.waiting else v.swapped[0] if v.swapped else v.running[0] if v.running else None)
+        return (f"simulation stuck at t={v.now:.3f}s, iteration {v.iteration}: {why}; "
+                f"{len(v.waiting)} waiting, {len(v.swapped)} swapped, {len(v.running)} running, "
+                f"KV {self.memory.used_tokens}/{self.memory.capacity_tokens} tokens; first blocked: {head!r}")
+
+    # -- entry point --------------------------------------------------------------------------------------------
+    def run(self):
+        env = simpy.Environment()
+        self.policy.bind(self.view)
+        env.process(self._arrivals(env))
+        done = env.process(self._replica(env))
+        env.run(until=done)
+        return SimResult.from_simulation(self)

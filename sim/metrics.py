@@ -1,0 +1,161 @@
+"""Run metrics: per-request and per-iteration tables (pandas) and the run summary (latency, TPS, SLO, goodput)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+NAN = float("nan")
+PCTS = (50, 90, 99)
+
+
+def finalize_request(r, keep_token_times: bool = False) -> None:
+    """Reduce a finished request's token times to its TBT statistics (keeps memory flat on long runs)."""
+    times = r.token_times
+    if len(times) > 1:
+        gaps = np.diff(np.asarray(times))
+        r.tbt = (float(gaps.mean()), float(np.percentile(gaps, 99)), float(gaps.max()))
+    else:
+        r.tbt = (NAN, NAN, NAN)
+    if not keep_token_times:
+        r.token_times = [times[0], times[-1]] if times else []
+
+
+@dataclass
+class SLO:
+    """Latency targets for one request class; None disables a target."""
+    ttft_s: float | None = None
+    tbt_p99_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    normalized_latency_s: float | None = None
+
+
+def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
+    """One row per request, finished or not (unfinished rows have NaN times)."""
+    rows = []
+    for r in requests:
+        tbt = r.tbt or (NAN, NAN, NAN)
+        done = r.completion_s is not None
+        ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else NAN
+        e2e = r.completion_s - r.arrival_s if done else NAN
+        tpot = ((r.completion_s - r.first_token_s) / (r.output_tokens - 1)
+                if done and r.output_tokens > 1 else NAN)
+        rows.append((r.id, r.cls, r.state, r.arrival_s, r.prompt_tokens, r.output_tokens, r.predicted_output_tokens,
+                     r.generated, r.first_scheduled_s if r.first_scheduled_s is not None else NAN,
+                     r.first_token_s if r.first_token_s is not None else NAN,
+                     r.completion_s if done else NAN, ttft, tpot, tbt[0], tbt[1], tbt[2], e2e,
+                     e2e / r.output_tokens if done else NAN,
+                     (r.first_scheduled_s - r.arrival_s) if r.first_scheduled_s is not None else NAN,
+                     r.evictions, r.swaps, r.evicted_tokens, r.reason or ""))
+    df = pd.DataFrame(rows, columns=[
+        "id", "cls", "status", "arrival_s", "prompt_tokens", "output_tokens", "predicted_output_tokens",
+        "generated_tokens", "first_scheduled_s", "first_token_s", "completion_s", "ttft_s", "tpot_s",
+        "tbt_mean_s", "tbt_p99_s", "tbt_max_s", "e2e_s", "normalized_latency_s", "queueing_s",
+        "evictions", "swaps", "evicted_tokens", "reason"])
+    df["slo_attained"] = slo_attained(df, slos or {})
+    return df
+
+
+def slo_attained(df: pd.DataFrame, slos: dict) -> np.ndarray:
+    """A request attains when it completed and meets every target of its class (or of 'default').
+
+    Gap-based targets (p99 TBT, TPOT) are vacuous for single-token outputs, which have no gaps."""
+    ok = (df["status"] == "done").to_numpy().copy()
+    if not slos:
+        return ok
+    cls = df["cls"].to_numpy()
+    for c in np.unique(cls):
+        slo = slos.get(c, slos.get("default"))
+        if slo is None:
+            continue
+        mask = cls == c
+        for col in ("ttft_s", "tbt_p99_s", "tpot_s", "e2e_s", "normalized_latency_s"):
+            target = getattr(slo, col)
+            if target is None:
+                continue
+            v = df[col].to_numpy()
+            passes = v <= target
+            if col in ("tbt_p99_s", "tpot_s"):
+                passes |= np.isnan(v)
+            ok[mask] &= passes[mask]
+    return ok
+
+
+def iteration_table(iters: dict) -> pd.DataFrame:
+    return pd.DataFrame(iters)
+
+
+def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False) -> dict:
+    """Run-level metrics. Latency = makespan (InferMax A13); TPS = generated tokens / makespan."""
+    done = req[req["status"] == "done"]
+    n_done = len(done)
+    t0 = req["arrival_s"].min() if len(req) else 0.0
+    end = done["completion_s"].max() if n_done else NAN
+    makespan = end - t0 if n_done else NAN
+    gen = int(req["generated_tokens"].sum())
+    s = {
+        "requests": len(req), "completed": n_done, "infeasible": int((req["status"] == "infeasible").sum()),
+        "truncated": bool(truncated), "makespan_s": makespan,
+        "tps": gen / makespan if n_done and makespan > 0 else NAN,
+        "request_throughput": n_done / makespan if n_done and makespan > 0 else NAN,
+        "generated_tokens": gen,
+    }
+    for col in ("ttft_s", "tpot_s", "tbt_p99_s", "e2e_s", "normalized_latency_s", "queueing_s"):
+        v = done[col].dropna().to_numpy()
+        base = col[:-2]
+        s[f"{base}_mean"] = float(v.mean()) if len(v) else NAN
+        for p in PCTS:
+            s[f"{base}_p{p}"] = float(np.percentile(v, p)) if len(v) else NAN
+    s["evictions"] = int(req["evictions"].sum())
+    s["swaps"] = int(req["swaps"].sum())
+    s["evicted_tokens"] = int(req["evicted_tokens"].sum())
+    s["iterations"] = len(it)
+    if len(it):
+        s["batch_size_mean"] = float(it["batch_size"].mean())
+        s["running_mean"] = float(it["running"].mean())
+        s["kv_util_mean"] = float(it["kv_alloc_tokens"].mean() / capacity_tokens)
+        s["kv_util_max"] = float(it["kv_alloc_tokens"].max() / capacity_tokens)
+    att = req["slo_attained"]
+    s["slo_attainment"] = float(att.mean()) if len(req) else NAN
+    for cls in sorted(req["cls"].unique()):
+        if cls != "default":
+            s[f"slo_attainment_{cls}"] = float(att[req["cls"] == cls].mean())
+    s["goodput_rps"] = float(att.sum() / makespan) if n_done and makespan > 0 else NAN
+    return s
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: tidy tables and the summary dict."""
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict
+    capacity_tokens: int
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_simulation(cls, sim, slos=None) -> "SimResult":
+        slos = slos if slos is not None else getattr(sim, "slos", None)
+        req = request_table(sim.all_requests, slos)
+        it = iteration_table(sim.iters)
+        summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated)
+        return cls(req, it, summ, sim.memory.capacity_tokens)
+
+    def write(self, out_dir, fmt: str = "csv") -> list:
+        from pathlib import Path
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, df in (("requests", self.requests), ("iterations", self.iterations),
+                         ("summary", pd.DataFrame([self.summary]))):
+            p = out / f"{name}.{'parquet' if fmt == 'parquet' else 'csv'}"
+            df.to_parquet(p, index=False) if fmt == "parquet" else df.to_csv(p, index=False)
+            paths.append(p)
+        return paths
+
+
+def is_nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)

@@ -1,0 +1,67 @@
+"""Build every part a scenario names (model, GPU, M, cost model, policy, workload) and run one simulation."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from costmodels import build_costmodel, get_gpu, get_model, kv_capacity_tokens
+from costmodels.catalog import GiB
+from costmodels.errors import UserError
+from policies import build_policy
+from sim.config import Scenario
+from sim.engine import Simulation
+from sim.memory import KVCacheManager
+from sim.metrics import SimResult
+from sim.request import Request
+from traces import build_workload
+
+
+def capacity_tokens(scn: Scenario, model, gpu) -> int:
+    m = scn.memory
+    if m.M is not None:
+        if m.M <= 0:
+            raise UserError(f"memory.M: must be a positive number of KV tokens, got {m.M}")
+        return int(m.M)
+    return kv_capacity_tokens(model, gpu, scn.hardware.gpu_memory_utilization, scn.hardware.tp,
+                              m.activation_reserve_gib * GiB, m.kv_dtype)
+
+
+def requests_from_table(df) -> list:
+    cols = df.columns
+    cls = df["cls"].to_numpy() if "cls" in cols else None
+    pred = df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in cols else None
+    a, p, o = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
+    return [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
+                    predicted_output_tokens=None if pred is None else pred[i]) for i in range(len(df))]
+
+
+def build_simulation(scn: Scenario, requests=None) -> Simulation:
+    model = get_model(scn.model.name)
+    gpu = get_gpu(scn.hardware.gpu)
+    M = capacity_tokens(scn, model, gpu)
+    cm = build_costmodel(scn.costmodel, model, gpu, scn.hardware.tp)
+    policy = build_policy(scn.policy)
+    if requests is None:
+        rng = np.random.default_rng(scn.seed)
+        requests = requests_from_table(build_workload(scn.workload, rng))
+    kv_per_token = model.kv_bytes_per_token(scn.memory.kv_dtype) / scn.hardware.tp
+    memory = KVCacheManager(M, scn.memory.block_size, scn.memory.watermark,
+                            int(scn.memory.swap_space_gib * GiB / kv_per_token))
+    s = scn.sim
+    sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
+                     watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
+                     record_iterations=s.record_iterations)
+    sim.slos = scn.slos()
+    return sim
+
+
+def run_scenario(scn: Scenario, requests=None) -> SimResult:
+    t0 = time.perf_counter()
+    sim = build_simulation(scn, requests)
+    res = sim.run()
+    res.meta.update(scenario=scn.name, policy=scn.policy.get("name"), M=sim.memory.capacity_tokens,
+                    wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
+                    infeasible_reasons=sorted({r.reason for r in sim.infeasible}))
+    res.summary["wall_s"] = res.meta["wall_s"]
+    return res

@@ -1,0 +1,1 @@
+"""Optimal schedules (InferMax CSP) as upper bounds: formulation, backends, warm starts, replay."""

@@ -1,0 +1,5 @@
+"""Workloads: trace loaders and synthetic generators, all returning one tidy request table."""
+from traces.registry import WORKLOADS, register_workload, build_workload, REQUEST_COLUMNS
+from traces import synthetic as _synthetic  # noqa: F401  (registers offline / poisson)
+
+__all__ = ["WORKLOADS", "register_workload", "build_workload", "REQUEST_COLUMNS"]

@@ -1,0 +1,48 @@
+"""The workload registry: a scenario's `workload:` section names a kind; its builder returns a request table."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from costmodels.errors import UserError
+
+# Required columns, then optional ones a builder may add.
+REQUEST_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+OPTIONAL_COLUMNS = ("cls", "predicted_output_tokens", "session", "prefix_hashes")
+
+WORKLOADS: dict[str, Callable] = {}
+
+
+def register_workload(kind: str):
+    def deco(builder):
+        WORKLOADS[kind] = builder
+        return builder
+    return deco
+
+
+def build_workload(spec: dict, rng: np.random.Generator, where: str = "workload") -> pd.DataFrame:
+    spec = dict(spec or {})
+    kind = spec.pop("kind", None)
+    if kind not in WORKLOADS:
+        raise UserError(f"{where}.kind: unknown workload {kind!r}; allowed: {', '.join(sorted(WORKLOADS))}")
+    df = WORKLOADS[kind](spec, rng, where)
+    return validate_requests(df, where)
+
+
+def validate_requests(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    """Reject bad rows with the row number and reason (never a silent drop)."""
+    for col in REQUEST_COLUMNS:
+        if col not in df:
+            raise UserError(f"{where}: request table lacks column {col!r}; required: {', '.join(REQUEST_COLUMNS)}")
+    for col in ("prompt_tokens", "output_tokens"):
+        v = df[col].to_numpy()
+        bad = np.flatnonzero(~(v >= 1))
+        if len(bad):
+            raise UserError(f"{where}: row {int(bad[0])}: {col} = {v[bad[0]]!r}; lengths must be integers >= 1")
+    a = df["arrival_s"].to_numpy(float)
+    bad = np.flatnonzero(~(a >= 0))
+    if len(bad):
+        raise UserError(f"{where}: row {int(bad[0])}: arrival_s = {a[bad[0]]!r}; must be >= 0")
+    return df.reset_index(drop=True)
