@@ -139,7 +139,7 @@ def infermax_mix(types, n: int, rng: np.random.Generator, where: str, weights=No
     # Exact counts per type (largest remainder), then shuffle: the mix ratio is what the user asked, not a draw.
     quota = w / w.sum() * n
     counts = np.floor(quota).astype(int)
-    counts[np.argsort(quota - counts)[::-1][: n - counts.sum()]] += 1
+    counts[np.argsort(counts - quota, kind="stable")[: n - counts.sum()]] += 1  # ties: earlier type first
     labels = np.repeat(np.asarray(types), counts)
     rng.shuffle(labels)
     sizes = {"S": np.asarray(short, np.int64), "L": np.asarray(long, np.int64)}
