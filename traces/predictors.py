@@ -106,7 +106,9 @@ class HistogramEstimator:
         c, s = self.counts[first:], self.sums[first:]
         total = c.sum()
         if total == 0:
-            return max(self.default, int(generated) + 1)
+            # No history at all: the default. History, but this request outlived all of it: one more token
+            # is all the histogram can vouch for.
+            return max(self.default, int(generated) + 1) if self.counts.sum() == 0 else int(generated) + 1
         if self.statistic == "mean":
             est = s.sum() / total
         else:
