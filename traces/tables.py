@@ -42,7 +42,9 @@ def read_raw(path: Path, fmt: str) -> tuple[pd.DataFrame, np.ndarray]:
     """The file as strings-or-values, plus the 1-based file line of each row (for error messages)."""
     if fmt == "csv":
         try:
-            df = pd.read_csv(path, dtype=str, skipinitialspace=True, keep_default_na=False)
+            # Let the C parser type clean numeric columns (fast path); anything odd stays text and is
+            # diagnosed row by row below. keep_default_na=False: an empty cell is an error, not a NaN.
+            df = pd.read_csv(path, skipinitialspace=True, keep_default_na=False, low_memory=False)
         except (pd.errors.ParserError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
         df.columns = [c.strip() for c in df.columns]
@@ -95,10 +97,24 @@ class RowChecker:
         return n
 
 
+class _Cells:
+    """A column's cells as the file wrote them, looked up only when a message needs one."""
+
+    def __init__(self, col: pd.Series):
+        self.col = col
+
+    def __getitem__(self, i) -> str:
+        v = self.col.iloc[i]
+        return str(v.item() if hasattr(v, "item") else v)
+
+
 def numeric_column(raw: pd.Series, name: str, checker: RowChecker, integer: bool, minimum: float) -> np.ndarray:
     """Parse a column as numbers; flag non-numeric, non-integer and below-minimum values."""
-    vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
-    text = raw.to_numpy()
+    if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        vals = raw.to_numpy(dtype=float)
+    else:
+        vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    text = _Cells(raw)
     checker.flag(np.isnan(vals), lambda i: f"column {name!r} = {text[i]!r} is not a number")
     if integer:
         checker.flag(~np.isnan(vals) & (vals != np.round(vals)),
@@ -112,9 +128,11 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker) -> np
     """Seconds from the first timestamp; datetimes may mix formats (Azure 2024 mixes fractional and whole seconds)."""
     if unit not in TIME_UNITS:
         raise UserError(f"time_unit: {unit!r} unknown; allowed: {', '.join(TIME_UNITS)}")
-    text = raw.astype(str).to_numpy()
+    text = _Cells(raw)
     if unit == "datetime":
-        ts = pd.to_datetime(raw.astype(str).str.strip(), format="ISO8601", utc=True, errors="coerce")
+        ts = pd.to_datetime(raw.astype(str), format="ISO8601", utc=True, errors="coerce")
+        if ts.isna().any():  # trailing blanks are harmless; strip only when needed (it is slow)
+            ts = pd.to_datetime(raw.astype(str).str.strip(), format="ISO8601", utc=True, errors="coerce")
         bad = ts.isna().to_numpy()
         checker.flag(bad, lambda i: f"column {name!r} = {text[i]!r} is not a timestamp")
         ns = ts.to_numpy(dtype="datetime64[ns]").astype("int64").astype(float)
