@@ -120,3 +120,31 @@ def test_same_seed_same_draws():
     a = draw_arrivals(spec, 1000, np.random.default_rng(9), "t")
     b = draw_arrivals(spec, 1000, np.random.default_rng(9), "t")
     assert np.array_equal(a, b)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=2, max_size=200), st.floats(0.01, 1e3))
+def test_scaling_property_rate_and_gap_ratios(times, target):
+    a = np.sort(np.asarray(times))
+    if a[-1] - a[0] < 1e-6:
+        return
+    s = scale_to_rate(a, target)
+    assert mean_rate(s) == pytest.approx(target, rel=1e-6)
+    g, h = np.diff(a), np.diff(s)
+    assert np.allclose(h * (a[-1] - a[0]), g * (s[-1] - s[0]), rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["poisson", "gamma", "constant", "onoff", "offline"]), st.integers(1, 300),
+       st.integers(0, 2 ** 32))
+def test_every_process_gives_n_sorted_nonnegative_arrivals(process, n, seed):
+    spec = {"process": process}
+    if process != "offline":
+        spec["rate"] = 3.0
+    if process == "onoff":
+        spec.update(on_s=1.0, off_s=2.0)
+    a = draw_arrivals(spec, n, np.random.default_rng(seed), "t")
+    assert len(a) == n and (a >= 0).all() and (np.diff(a) >= 0).all()

@@ -106,7 +106,7 @@ BAD_ROWS = [
     ("2,10,-4\n", r"bad.csv:3: column 'GeneratedTokens' = '-4' is below the minimum 1"),
     ("2,10.5,4\n", r"bad.csv:3: column 'ContextTokens' = '10.5' is not an integer"),
     ("0.5,10,4\n", r"bad.csv:3: column 'TIMESTAMP' = '0.5' goes backwards"),
-    ("2,,4\n", r"bad.csv:3: column 'ContextTokens' = '' is not a number"),
+    ("2,,4\n", r"bad.csv:3: column 'ContextTokens' is missing"),
 ]
 
 
@@ -136,3 +136,24 @@ def test_missing_column_and_missing_file(tmp_path):
     with pytest.raises(UserError, match=r"x.jsonl:2: not valid JSON"):
         load_trace(_write(tmp_path, "x.jsonl", '{"a": 1}\n{oops\n'), format="jsonl",
                    columns={"prompt_tokens": "a", "output_tokens": "a"})
+
+
+def test_sort_reorders_instead_of_rejecting(tmp_path):
+    p = _write(tmp_path, "u.csv", "arrival_s,prompt_tokens,output_tokens\n5,1,1\n2,2,2\n9,3,3\n")
+    with pytest.raises(UserError, match=r"u.csv:3: .*goes backwards"):
+        load_trace(p)
+    df = load_trace(p, sort=True)
+    assert df["arrival_s"].tolist() == [0, 3, 7] and df["prompt_tokens"].tolist() == [2, 1, 3]
+
+
+def test_jsonl_row_missing_a_key(tmp_path):
+    p = _write(tmp_path, "k.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+                                    '{"timestamp": 10, "output_length": 2}\n')
+    with pytest.raises(UserError, match=r"k.jsonl:2: column 'input_length' is missing"):
+        load_trace(p, format="mooncake")
+
+
+def test_mooncake_without_hash_ids(tmp_path):
+    p = _write(tmp_path, "n.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+    df = load_trace(p, format="mooncake")
+    assert "prefix_hashes" not in df and df["prompt_tokens"].tolist() == [5]

@@ -25,7 +25,7 @@ def cmd_stats(args) -> int:
     from traces.loaders import load_trace
     from traces.stats import trace_stats
     df = load_trace(args.file, format=args.format, columns=_columns(args.column), time_unit=args.time_unit,
-                    skip_bad_rows=args.skip_bad_rows, where="trace stats")
+                    skip_bad_rows=args.skip_bad_rows, sort=args.sort, where="trace stats")
     st = trace_stats(df)
     if args.json:
         print(json.dumps(st, indent=2))
@@ -89,6 +89,7 @@ def register(sub) -> None:
     s.add_argument("--time-unit", default=None, help="s, ms, us, ns or datetime (default: the format's own)")
     s.add_argument("--skip-bad-rows", action="store_true", help="drop malformed rows (count printed) instead of "
                                                                 "stopping at the first")
+    s.add_argument("--sort", action="store_true", help="sort rows by time instead of rejecting backward timestamps")
     s.add_argument("--json", action="store_true", help="print the statistics as JSON")
     s.set_defaults(func=cmd_stats)
     m = tsub.add_parser("make", help="write a synthetic (or transformed) trace from a workload spec")

@@ -54,7 +54,8 @@ def detect_format(path: Path) -> str:
 
 
 def load_trace(path, format: str = "auto", columns: dict | None = None, time_unit: str | None = None,
-               skip_bad_rows: bool = False, where: str = "workload", **filters) -> pd.DataFrame:
+               skip_bad_rows: bool = False, sort: bool = False, where: str = "workload",
+               **filters) -> pd.DataFrame:
     """One tidy table (arrival_s from the first request, prompt_tokens, output_tokens, optional cls/session/...)."""
     hint = FORMATS.get(format, (None, None, None, ""))[3] if format != "auto" else ""
     p = open_user_file(path, where, hint or (AZURE_HINT if "Azure" in str(path) else ""))
@@ -79,6 +80,10 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
         raise UserError(f"{where}.columns: unknown target(s) {', '.join(sorted(bad))}; allowed: arrival_s, "
                         f"prompt_tokens, output_tokens, cls, session, prefix_hashes")
     raw, lines = read_raw(p, fmt)
+    if format in FORMATS:  # a format's own optional columns (e.g. Mooncake hash_ids) may be absent
+        for tidy in ("prefix_hashes", "session", "cls"):
+            if tidy in mapping and mapping[tidy] not in raw.columns and tidy not in (columns or {}):
+                del mapping[tidy]
     if format == "vidur" and mapping.get("arrival_s") not in raw.columns:
         mapping["arrival_s"] = None
     if format == "servesim":
@@ -91,7 +96,8 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
             mapping["session"] = "Session ID"
     elif filters:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(filters))} for format {format}")
-    return tidy_table(raw, lines, p, mapping, time_unit=time_unit or unit, skip_bad_rows=skip_bad_rows)
+    return tidy_table(raw, lines, p, mapping, time_unit=time_unit or unit, skip_bad_rows=skip_bad_rows,
+                      sort=sort)
 
 
 def _burstgpt_filter(raw, lines, path, model: str | None = None, log_type: str | None = None,

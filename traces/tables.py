@@ -110,11 +110,14 @@ class _Cells:
 
 def numeric_column(raw: pd.Series, name: str, checker: RowChecker, integer: bool, minimum: float) -> np.ndarray:
     """Parse a column as numbers; flag non-numeric, non-integer and below-minimum values."""
+    text = _Cells(raw)
     if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
         vals = raw.to_numpy(dtype=float)
+        checker.flag(np.isnan(vals), lambda i: f"column {name!r} is missing")
     else:
         vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
-    text = _Cells(raw)
+        missing = (raw.isna() | (raw.astype(str).str.strip() == "")).to_numpy()
+        checker.flag(missing, lambda i: f"column {name!r} is missing")
     checker.flag(np.isnan(vals), lambda i: f"column {name!r} = {text[i]!r} is not a number")
     if integer:
         checker.flag(~np.isnan(vals) & (vals != np.round(vals)),
@@ -124,8 +127,9 @@ def numeric_column(raw: pd.Series, name: str, checker: RowChecker, integer: bool
     return vals
 
 
-def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker) -> np.ndarray:
-    """Seconds from the first timestamp; datetimes may mix formats (Azure 2024 mixes fractional and whole seconds)."""
+def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort: bool = False) -> np.ndarray:
+    """Seconds (absolute); datetimes may mix formats (Azure 2024 mixes fractional and whole seconds).
+    Rows earlier than a previous row are bad unless the user asked to `sort` the trace by time."""
     if unit not in TIME_UNITS:
         raise UserError(f"time_unit: {unit!r} unknown; allowed: {', '.join(TIME_UNITS)}")
     text = _Cells(raw)
@@ -139,6 +143,8 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker) -> np
         secs = np.where(bad, np.nan, ns * 1e-9)
     else:
         secs = numeric_column(raw, name, checker, integer=False, minimum=0.0) * TIME_UNITS[unit]
+    if sort:
+        return secs
     # Backwards timestamps are a data error, not something to sort away silently.
     good = ~np.isnan(secs) & ~checker.bad
     running_max = np.fmax.accumulate(np.where(good, secs, -np.inf))
@@ -149,7 +155,8 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker) -> np
 
 
 def tidy_table(raw: pd.DataFrame, lines: np.ndarray, path: Path, mapping: dict, *, time_unit: str = "s",
-               skip_bad_rows: bool = False, optional=("cls", "session", "prefix_hashes", "predicted_output_tokens")) -> pd.DataFrame:
+               skip_bad_rows: bool = False, sort: bool = False,
+               optional=("cls", "session", "prefix_hashes", "predicted_output_tokens")) -> pd.DataFrame:
     """Map source columns to arrival_s / prompt_tokens / output_tokens (+ optional ones) and validate every row.
 
     `mapping` is {tidy name: source column}; arrival_s may be absent (None), then every arrival is 0."""
@@ -161,7 +168,7 @@ def tidy_table(raw: pd.DataFrame, lines: np.ndarray, path: Path, mapping: dict, 
     checker = RowChecker(path, lines, skip_bad_rows)
     out = {}
     if mapping.get("arrival_s") is not None:
-        out["arrival_s"] = time_column(raw[mapping["arrival_s"]], mapping["arrival_s"], time_unit, checker)
+        out["arrival_s"] = time_column(raw[mapping["arrival_s"]], mapping["arrival_s"], time_unit, checker, sort)
     else:
         out["arrival_s"] = np.zeros(len(raw))
     for tidy in ("prompt_tokens", "output_tokens"):
@@ -177,6 +184,8 @@ def tidy_table(raw: pd.DataFrame, lines: np.ndarray, path: Path, mapping: dict, 
     df = pd.DataFrame({k: v[keep] for k, v in out.items()})
     if not len(df):
         raise UserError(f"{path}: no usable rows")
+    if sort:
+        df = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     df["arrival_s"] = df["arrival_s"] - df["arrival_s"].iloc[0]
     for c in ("prompt_tokens", "output_tokens"):
         df[c] = df[c].astype(np.int64)

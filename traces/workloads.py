@@ -11,7 +11,8 @@ from traces.loaders import load_trace
 from traces.registry import build_workload, register_workload
 from traces.synthetic import _check_keys, _count, requests_table
 
-LOADER_KEYS = ("path", "format", "columns", "time_unit", "skip_bad_rows", "model", "log_type", "keep_failed")
+LOADER_KEYS = ("path", "format", "columns", "time_unit", "skip_bad_rows", "sort", "model", "log_type",
+               "keep_failed")
 
 
 @register_workload("trace")
