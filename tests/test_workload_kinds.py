@@ -159,3 +159,14 @@ def test_cli_reports_bad_rows_without_traceback(tmp_path, capsys):
     assert "bad.csv:3: column 'prompt_tokens' = 'x' is not a number" in err and "Traceback" not in err
     assert main(["trace", "stats", str(bad), "--skip-bad-rows"]) == 0
     assert "skipped 1 malformed row(s)" in capsys.readouterr().err
+
+
+def test_per_class_predictor_others_exact():
+    df = _build({"kind": "classes", "classes": {
+        "a": {"kind": "poisson", "rate": 1, "num_requests": 200, "output": 300,
+              "predictor": {"kind": "noisy", "error": 0.2}},
+        "b": {"kind": "poisson", "rate": 1, "num_requests": 50, "output": 40}}})
+    a, b = df[df.cls == "a"], df[df.cls == "b"]
+    assert (b["predicted_output_tokens"] == 40).all()
+    assert (a["predicted_output_tokens"] != 300).mean() > 0.9
+    assert len(requests_from_table(df)) == 250

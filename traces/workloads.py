@@ -67,6 +67,10 @@ def _sub_rng(rng, name: str) -> np.random.Generator:
 def merge_classes(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = [df.assign(cls=name) for name, df in parts.items()]
     df = pd.concat(frames, ignore_index=True)
+    if "predicted_output_tokens" in df:
+        # Classes without a predictor are known exactly, which is what a Request assumes when none is given.
+        df["predicted_output_tokens"] = (df["predicted_output_tokens"].fillna(df["output_tokens"])
+                                         .astype(np.int64))
     return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
 
 
