@@ -170,3 +170,21 @@ def test_per_class_predictor_others_exact():
     assert (b["predicted_output_tokens"] == 40).all()
     assert (a["predicted_output_tokens"] != 300).mean() > 0.9
     assert len(requests_from_table(df)) == 250
+
+
+@pytest.mark.parametrize("name, n", [("bros-hybrid.yaml", 2400 + 5 * 256), ("infermax-mix.yaml", 256)])
+def test_examples_build(name, n):
+    scn = load_scenario(REPO_ROOT / "examples" / name)
+    df = build_workload(scn.workload, np.random.default_rng(scn.seed))
+    assert len(df) == n and set(df["cls"]) == ({"rt", "be"} if "bros" in name else {"LILO", "SILO"})
+    scn.slos()
+
+
+def test_workload_spec_example_makes_a_bursty_trace(shared_data, tmp_path, capsys):
+    out = tmp_path / "g.csv"
+    assert main(["trace", "make", str(REPO_ROOT / "examples/workload-gamma-burst.yaml"), "-o", str(out),
+                 "--set", "num_requests=20000"]) == 0
+    df = pd.read_csv(out)
+    gaps = np.diff(df["arrival_s"])
+    assert len(df) == 20000 and gaps.std() / gaps.mean() == pytest.approx(5, rel=0.15)
+    assert {"predicted_output_tokens"} <= set(df.columns)

@@ -1,7 +1,6 @@
 """Synthetic workloads: an arrival process (offline, Poisson, Gamma, constant, on/off) times length generators."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from costmodels.errors import UserError
