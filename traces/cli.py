@@ -94,7 +94,8 @@ def register(sub) -> None:
     s.set_defaults(func=cmd_stats)
     m = tsub.add_parser("make", help="write a synthetic (or transformed) trace from a workload spec")
     m.add_argument("spec", help="YAML: a workload spec (kind: ...) or a scenario with a workload section")
-    m.add_argument("-o", "--out", required=True, help="CSV file to write (arrival_s, prompt_tokens, output_tokens, ...)")
+    m.add_argument("-o", "--out", required=True,
+                   help="CSV file to write (arrival_s, prompt_tokens, output_tokens, ...)")
     m.add_argument("--seed", type=int, default=None, help="override the spec's seed")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     m.set_defaults(func=cmd_make)

@@ -75,8 +75,8 @@ class RowChecker:
         self.bad = np.zeros(len(lines), dtype=bool)
         self.reasons: dict[str, int] = {}
 
-    def flag(self, mask: np.ndarray, reason_of) -> None:
-        """`reason_of(i)` words the problem of row i; only called for the first bad row when not skipping."""
+    def flag(self, mask: np.ndarray, problem: str, reason_of) -> None:
+        """`problem` names the kind (for the skip count); `reason_of(i)` words row i's problem in full."""
         mask = np.asarray(mask, dtype=bool) & ~self.bad
         idx = np.flatnonzero(mask)
         if not len(idx):
@@ -85,8 +85,7 @@ class RowChecker:
             i = int(idx[0])
             raise UserError(f"{self.path}:{int(self.lines[i])}: {reason_of(i)} "
                             f"(set skip_bad_rows: true to drop such rows)")
-        key = reason_of(int(idx[0])).split(" = ")[0].split(":")[0]
-        self.reasons[key] = self.reasons.get(key, 0) + len(idx)
+        self.reasons[problem] = self.reasons.get(problem, 0) + len(idx)
         self.bad |= mask
 
     def report(self, out=None) -> int:
@@ -113,16 +112,17 @@ def numeric_column(raw: pd.Series, name: str, checker: RowChecker, integer: bool
     text = _Cells(raw)
     if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
         vals = raw.to_numpy(dtype=float)
-        checker.flag(np.isnan(vals), lambda i: f"column {name!r} is missing")
+        checker.flag(np.isnan(vals), f"{name} missing", lambda i: f"column {name!r} is missing")
     else:
         vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
         missing = (raw.isna() | (raw.astype(str).str.strip() == "")).to_numpy()
-        checker.flag(missing, lambda i: f"column {name!r} is missing")
-    checker.flag(np.isnan(vals), lambda i: f"column {name!r} = {text[i]!r} is not a number")
+        checker.flag(missing, f"{name} missing", lambda i: f"column {name!r} is missing")
+    checker.flag(np.isnan(vals), f"{name} not a number",
+                 lambda i: f"column {name!r} = {text[i]!r} is not a number")
     if integer:
-        checker.flag(~np.isnan(vals) & (vals != np.round(vals)),
+        checker.flag(~np.isnan(vals) & (vals != np.round(vals)), f"{name} not an integer",
                      lambda i: f"column {name!r} = {text[i]!r} is not an integer")
-    checker.flag(~np.isnan(vals) & (vals < minimum),
+    checker.flag(~np.isnan(vals) & (vals < minimum), f"{name} below {minimum:g}",
                  lambda i: f"column {name!r} = {text[i]!r} is below the minimum {minimum:g}")
     return vals
 
@@ -138,7 +138,8 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort:
         if ts.isna().any():  # trailing blanks are harmless; strip only when needed (it is slow)
             ts = pd.to_datetime(raw.astype(str).str.strip(), format="ISO8601", utc=True, errors="coerce")
         bad = ts.isna().to_numpy()
-        checker.flag(bad, lambda i: f"column {name!r} = {text[i]!r} is not a timestamp")
+        checker.flag(bad, f"{name} not a timestamp",
+                     lambda i: f"column {name!r} = {text[i]!r} is not a timestamp")
         ns = ts.to_numpy(dtype="datetime64[ns]").astype("int64").astype(float)
         secs = np.where(bad, np.nan, ns * 1e-9)
     else:
@@ -149,7 +150,7 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort:
     good = ~np.isnan(secs) & ~checker.bad
     running_max = np.fmax.accumulate(np.where(good, secs, -np.inf))
     prev_max = np.concatenate(([-np.inf], running_max[:-1]))
-    checker.flag(good & (secs < prev_max),
+    checker.flag(good & (secs < prev_max), f"{name} going backwards",
                  lambda i: f"column {name!r} = {text[i]!r} goes backwards in time (earlier than a previous row)")
     return secs
 
