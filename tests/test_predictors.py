@@ -87,3 +87,18 @@ def test_predictor_errors():
         predict_lengths({"kind": "noisy", "error": 5}, df, np.random.default_rng(0))
     with pytest.raises(UserError, match="unknown key"):
         predict_lengths({"kind": "oracle", "error": 0.1}, df, np.random.default_rng(0))
+
+
+def test_histogram_mean_fast_path_matches_the_estimator():
+    rng = np.random.default_rng(8)
+    arr = np.sort(rng.exponential(1.0, 3000).cumsum())
+    arr[100:110] = arr[100]                                  # ties: simultaneous arrivals see the same history
+    df = pd.DataFrame({"arrival_s": arr, "prompt_tokens": 1, "output_tokens": rng.integers(1, 700, 3000)})
+    fast = predict_lengths({"kind": "histogram", "lag_s": 2.0}, df, rng)
+    est, expect, j = HistogramEstimator(default=128), [], 0
+    for i in range(len(df)):
+        while arr[j] + 2.0 < arr[i]:
+            est.observe(int(df["output_tokens"][j]))
+            j += 1
+        expect.append(est.estimate())
+    assert np.abs(fast - np.asarray(expect)).max() <= 1     # rounding of the same mean

@@ -151,7 +151,8 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort:
     running_max = np.fmax.accumulate(np.where(good, secs, -np.inf))
     prev_max = np.concatenate(([-np.inf], running_max[:-1]))
     checker.flag(good & (secs < prev_max), f"{name} going backwards",
-                 lambda i: f"column {name!r} = {text[i]!r} goes backwards in time (earlier than a previous row)")
+                 lambda i: f"column {name!r} = {text[i]!r} goes backwards in time "
+                 f"(earlier than a previous row; sort: true orders the trace by time)")
     return secs
 
 
