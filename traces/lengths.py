@@ -108,8 +108,6 @@ DISTS = {"fixed": (_fixed, ("value",)), "uniform": (_uniform, ("low", "high")),
 def draw_lengths(spec, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
     """A length spec is an int (fixed) or {dist: NAME, ...knobs}; returns n integers >= 1."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        if spec < 1:
-            raise UserError(f"{where}: a length must be >= 1, got {spec}")
         return np.full(n, int(spec), dtype=np.int64)
     if not isinstance(spec, dict):
         raise UserError(f"{where}: expected an integer or a mapping with 'dist', got {spec!r}")
