@@ -21,7 +21,7 @@ def _build(spec, seed=0):
 
 def test_all_kinds_registered():
     assert {"offline", "poisson", "gamma", "constant", "onoff", "synthetic", "trace", "classes", "bros",
-            "infermax-mix"} <= set(WORKLOADS)
+            "infermax-mix", "azure", "burstgpt", "mooncake", "vidur", "splitwise", "servesim"} <= set(WORKLOADS)
 
 
 def test_original_kinds_keep_their_draws():
@@ -188,3 +188,10 @@ def test_workload_spec_example_makes_a_bursty_trace(shared_data, tmp_path, capsy
     gaps = np.diff(df["arrival_s"])
     assert len(df) == 20000 and gaps.std() / gaps.mean() == pytest.approx(5, rel=0.15)
     assert {"predicted_output_tokens"} <= set(df.columns)
+
+
+def test_loader_named_as_kind(shared_data):
+    df = _build({"kind": "azure", "path": AZ_CONV, "max_requests": 100, "rate": 2.0})
+    assert len(df) == 100 and mean_rate(df["arrival_s"].to_numpy()) == pytest.approx(2.0, rel=1e-6)
+    with pytest.raises(UserError, match="kind azure reads format azure"):
+        _build({"kind": "azure", "path": AZ_CONV, "format": "mooncake"})

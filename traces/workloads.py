@@ -7,7 +7,7 @@ import pandas as pd
 from costmodels.errors import UserError
 from traces.arrivals import draw_arrivals, scale_to_rate
 from traces.lengths import INFERMAX_L, INFERMAX_S, infermax_mix
-from traces.loaders import load_trace
+from traces.loaders import FORMATS, load_trace
 from traces.registry import build_workload, register_workload
 from traces.synthetic import _check_keys, _count, requests_table
 
@@ -39,6 +39,20 @@ def trace(spec, rng, where):
     if spec.get("cls") is not None:
         df["cls"] = str(spec["cls"])
     return df
+
+
+def _format_kind(fmt: str):
+    def build(spec, rng, where):
+        if spec.get("format", fmt) != fmt:
+            raise UserError(f"{where}.format: kind {fmt} reads format {fmt}; use kind: trace for another")
+        return trace({**spec, "format": fmt}, rng, where)
+    build.__doc__ = f"`kind: {fmt}` is `kind: trace` with `format: {fmt}`."
+    return build
+
+
+# Every loader is nameable directly: `kind: azure`, `kind: burstgpt`, `kind: mooncake`, ...
+for _fmt in FORMATS:
+    register_workload(_fmt)(_format_kind(_fmt))
 
 
 @register_workload("infermax-mix")
