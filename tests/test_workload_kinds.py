@@ -195,3 +195,16 @@ def test_loader_named_as_kind(shared_data):
     assert len(df) == 100 and mean_rate(df["arrival_s"].to_numpy()) == pytest.approx(2.0, rel=1e-6)
     with pytest.raises(UserError, match="kind azure reads format azure"):
         _build({"kind": "azure", "path": AZ_CONV, "format": "mooncake"})
+
+
+def test_mooncake_roundtrip_through_trace_make(tmp_path, capsys):
+    src = tmp_path / "m.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 2000, "input_length": 700, "output_length": 6, "hash_ids": [1, 2, 3]}\n')
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"kind": "mooncake", "path": str(src), "rate": 1.0}))
+    out = tmp_path / "t.csv"
+    assert main(["trace", "make", str(spec), "-o", str(out)]) == 0
+    back = _build({"kind": "trace", "path": str(out)})
+    assert [list(h) for h in back["prefix_hashes"]] == [[1, 2], [1, 2, 3]]
+    assert back["arrival_s"].tolist() == pytest.approx([0, 2.0])

@@ -87,9 +87,11 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
     if format == "vidur" and mapping.get("arrival_s") not in raw.columns:
         mapping["arrival_s"] = None
     if format == "servesim":
-        for extra in ("cls", "session", "predicted_output_tokens"):
+        for extra in ("cls", "session", "predicted_output_tokens", "prefix_hashes"):
             if extra in raw.columns:
                 mapping.setdefault(extra, extra)
+        if "prefix_hashes" in raw.columns:  # `trace make` writes the hash lists as space-separated ids
+            raw["prefix_hashes"] = [[int(h) for h in str(v).split()] for v in raw["prefix_hashes"]]
     if format == "burstgpt":
         raw, lines = _burstgpt_filter(raw, lines, p, **filters)
         if "Session ID" in raw.columns and "session" not in mapping:
