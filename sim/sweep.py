@@ -162,6 +162,15 @@ def load_sweep(path, grid_args=(), set_args=()) -> SweepSpec:
     return spec
 
 
+def load_sweep_base(path, set_args=()) -> tuple:
+    """A plain scenario file with --set applied: (raw mapping, source, name), for commands that vary one field."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    if "grid" in raw:
+        raise UserError(f"{path}: this is a sweep file (it has grid:); give a scenario file here")
+    return apply_overrides(raw, set_args), str(path), str(raw.get("name") or path.stem)
+
+
 # -- points -----------------------------------------------------------------------------------------------------
 def _canonical(obj):
     """JSON-ready form where 2 and 2.0 hash alike (the simulator treats them alike)."""
@@ -209,8 +218,8 @@ def expand(spec: SweepSpec) -> list:
 
 # -- one run ----------------------------------------------------------------------------------------------------
 def _plain(v):
-    if isinstance(v, float) and math.isnan(v):
-        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None                          # JSON has no NaN/inf; the table shows an empty cell
     if hasattr(v, "item"):
         return v.item()
     return v
@@ -258,7 +267,7 @@ class PointStore:
 
     def write(self, key: str, record: dict) -> None:
         tmp = self.dir / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record, sort_keys=True, allow_nan=False, default=str))
+        tmp.write_text(json.dumps(record, allow_nan=False, default=str))
         os.replace(tmp, self.path(key))
 
 
@@ -286,7 +295,7 @@ def results_table(points, records: dict, axes) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for col in df.columns:
         # Integer metrics stay integers even when error rows leave holes (pandas would make them floats).
-        vals = [v for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        vals = [r[col] for r in rows if r.get(col) is not None]
         if vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
             df[col] = df[col].astype("Int64")
     if len(df):
