@@ -45,8 +45,10 @@ def _run_processes(tasks, jobs):
                 nxt = next(it, None)
                 if nxt is not None:
                     pending[pool.submit(nxt[0], *nxt[1])] = nxt[2]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)     # interrupted: drop the queue, lose only runs in flight
+        raise
+    pool.shutdown(wait=True)
 
 
 def dask_client(address: str, jobs: int):

@@ -153,7 +153,11 @@ def load_sweep(path, grid_args=(), set_args=()) -> SweepSpec:
     spec = SweepSpec(str(name), base, source, axes, dict(fixed))
     for text in grid_args or ():
         ax = parse_grid_arg(text)
-        spec.axes = [a for a in spec.axes if a.key != ax.key] + [ax]
+        keys = [a.key for a in spec.axes]
+        if ax.key in keys:                              # replace the file's axis in place, keeping the order
+            spec.axes[keys.index(ax.key)] = ax
+        else:
+            spec.axes.append(ax)
     if set_args:
         # --set goes through the scenario's own override parser, then becomes part of the base.
         spec.base = apply_overrides(spec.base, set_args)
