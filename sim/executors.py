@@ -68,8 +68,8 @@ def dask_client(address: str, jobs: int):
 
 
 def _run_dask(tasks, jobs, address):
+    client, cluster = dask_client(address, jobs)      # first: a missing extra is reported before anything else
     from distributed import as_completed
-    client, cluster = dask_client(address, jobs)
     try:
         futures = {}
         for fn, args, tag in tasks:
