@@ -55,7 +55,7 @@ def test_cdf_ends_at_one_and_counts_finished_requests():
 
 def test_timeline_panels_from_a_real_run(tmp_path):
     out = tmp_path / "run"
-    assert main(["run", "examples/infermax-default.yaml", "--set", "workload.num_requests=64",
+    assert main(["run", "examples/infermax-default.yaml", "--set", "workload.num_requests=32", "--set", "workload.output=32",
                  "--set", "memory.M=2000", "--out", str(out), "--no-progress"]) == 0
     assert main(["plot", "timeline", str(out)]) == 0
     assert (out / "timeline.png").exists() and (out / "timeline.svg").exists()
