@@ -218,18 +218,18 @@ def cmd_plot(args) -> int:
                                                                   if a not in (args.x, "seed", "policy.name")
                                                                   and df.get(a, pd.Series()).nunique() > 1]
         if kind == "metric":
-            fig = plot_metric(df, args.x, args.y, hue=hue, logx=args.logx, logy=args.logy)
+            fig = plot_metric(df, args.x, args.y or "tps", hue=hue, logx=args.logx, logy=args.logy)
         else:
             cap = None
             if args.capacity:
                 cap = read_table(Path(args.capacity) / "capacity.csv" if Path(args.capacity).is_dir()
                                  else args.capacity)
-            y = args.y if args.y != "tps" else "slo_attainment"
-            fig = plot_attainment(df, args.x, y, capacity=cap, target=args.target, hue=hue)
+            fig = plot_attainment(df, args.x, args.y or "slo_attainment", capacity=cap, target=args.target, hue=hue)
             if args.logx:
                 fig.axes[0].set_xscale("log")
         default = Path(args.inputs[0]) if Path(args.inputs[0]).is_dir() else Path(args.inputs[0]).parent
-        stem = args.out or default / f"{kind}_{(args.y if kind == 'metric' else 'slo')}_vs_{args.x.replace('.', '_')}"
+        what = (args.y or "tps") if kind == "metric" else "slo"
+        stem = args.out or default / f"{kind}_{what}_vs_{args.x.replace('.', '_')}"
     elif kind == "cdf":
         tables = {}
         for d in args.inputs:
@@ -261,7 +261,7 @@ def register(sub) -> None:
     p.add_argument("inputs", nargs="+", help="results.csv / sweep or capacity dir (metric, attainment); run dirs "
                                              "with requests.csv (cdf) or iterations.csv (timeline)")
     p.add_argument("--x", default="workload.rate", help="x axis column (default workload.rate)")
-    p.add_argument("--y", default="tps", help="metric column (default tps; attainment: slo_attainment)")
+    p.add_argument("--y", help="metric column (default: tps for metric, slo_attainment for attainment)")
     p.add_argument("--hue", help="comma list of columns, one line per combination (default policy + varying axes)")
     p.add_argument("--where", action="append", default=[], metavar="COL=VALUE", help="keep only matching rows")
     p.add_argument("--capacity", help="capacity.csv (or its directory) to mark capacity points on an attainment plot")
