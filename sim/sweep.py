@@ -304,7 +304,10 @@ def results_table(points, records: dict, axes) -> pd.DataFrame:
             df[col] = df[col].astype("Int64")
     if len(df):
         lead = [c for c in ID_COLUMNS if c in df] + [a.key for a in axes if a.key not in ID_COLUMNS]
-        df = df[lead + [c for c in df.columns if c not in lead]]
+        # metrics in the order a successful run reports them, even when the first point failed
+        ok = next((r for r in rows if r["status"] == "ok"), {})
+        rest = [c for c in ok if c not in lead] + [c for c in df.columns if c not in lead and c not in ok]
+        df = df[lead + rest]
     return df
 
 
