@@ -56,10 +56,17 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     return sim
 
 
-def run_scenario(scn: Scenario, requests=None) -> SimResult:
+def run_scenario(scn: Scenario, requests=None, progress: bool | None = False) -> SimResult:
+    """Run one scenario; `progress` shows a completed-requests bar (None: only when stderr is a terminal)."""
     t0 = time.perf_counter()
     sim = build_simulation(scn, requests)
+    bar = None
+    if progress is not False:
+        from sim.progress import attach_run_progress
+        bar = attach_run_progress(sim, enabled=progress)
     res = sim.run()
+    if bar is not None:
+        bar.close()
     res.meta.update(scenario=scn.name, policy=scn.policy.get("name"), M=sim.memory.capacity_tokens,
                     wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
                     infeasible_reasons=sorted({r.reason for r in sim.infeasible}))
