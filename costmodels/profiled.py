@@ -1,0 +1,213 @@
+"""Profile-fitted batch-time model: one piecewise-linear regression per operator (scikit-learn fit)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from costmodels.base import BatchShape, CostModel, register_costmodel
+from costmodels.errors import UserError
+from costmodels.operators import LAYER_OPS
+
+MAX_KNOTS = 48
+
+
+class PiecewiseLinear:
+    """y(x) through (knots, values), continued linearly beyond both ends: smooth enough inside the profiled
+    range, proportional scaling outside it, never a lookup miss."""
+
+    def __init__(self, knots, values):
+        self.x = np.asarray(knots, dtype=float)
+        self.y = np.asarray(values, dtype=float)
+        if len(self.x) == 1:  # one profiled point: a constant
+            self.x, self.y = np.r_[self.x, self.x + 1], np.r_[self.y, self.y]
+        self.slope_lo = (self.y[1] - self.y[0]) / (self.x[1] - self.x[0])
+        self.slope_hi = (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])
+
+    def __call__(self, x):
+        x = np.asarray(x, dtype=float)
+        y = np.interp(x, self.x, self.y)
+        y = np.where(x < self.x[0], self.y[0] + (x - self.x[0]) * self.slope_lo, y)
+        return np.where(x > self.x[-1], self.y[-1] + (x - self.x[-1]) * self.slope_hi, y)
+
+    def to_dict(self) -> dict:
+        return {"knots": [float(f"{v:.6g}") for v in self.x], "values_ms": [float(f"{v:.6g}") for v in self.y]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PiecewiseLinear":
+        return cls(d["knots"], d["values_ms"])
+
+
+def _knots(x, n_max=MAX_KNOTS):
+    """Knots at quantiles of the distinct profiled x values: dense where the profile is dense."""
+    u = np.unique(np.asarray(x, dtype=float))
+    n = int(min(n_max, max(2, len(u) // 3)))
+    return np.unique(np.quantile(u, np.linspace(0, 1, n)))
+
+
+def _basis(knots):
+    from sklearn.preprocessing import SplineTransformer
+    st = SplineTransformer(knots=np.asarray(knots)[:, None], degree=1, extrapolation="linear")
+    return st.fit(np.asarray(knots)[:, None])
+
+
+def _summed_basis(st, groups):
+    """Σ over each row's requests of the basis at their own values (per-request additivity)."""
+    flat = np.concatenate([np.asarray(g, dtype=float) for g in groups])
+    idx = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    B = st.transform(flat[:, None])
+    out = np.zeros((len(groups), B.shape[1]))
+    np.add.at(out, idx, B)
+    return out
+
+
+def _fit_relative(X, y, alpha=1e-6):
+    """Ridge regression minimising relative error (weights 1/y²), so small kernels count as much as large."""
+    from sklearn.linear_model import Ridge
+    return Ridge(alpha=alpha).fit(X, y, sample_weight=1.0 / np.maximum(y, 1e-9) ** 2)
+
+
+class ProfiledCostModel(CostModel):
+    """T = layers·(Σ_ops f_op(N) + Σ_prefill φ_p(c,k) + [decode]·(ψ(B) + Σ_decode φ_d(m))) + emb(N) (+ all-reduce).
+
+    f_op: per-operator piecewise-linear in tokens. φ_p(c,k) = g1(c·(k + c/2)) + g2(c) + g3(k) per prefill request.
+    Decode attention is charged per request from its own context m (φ_d), plus a batch-size term ψ(B)."""
+
+    kind = "profiled"
+
+    def __init__(self, functions: dict, layers: int = 32, model=None, gpu=None, tp: int = 1, kv_dtype=None,
+                 floors_ms: dict | None = None, provenance: dict | None = None):
+        super().__init__(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype)
+        self.f = {k: (v if isinstance(v, PiecewiseLinear) else PiecewiseLinear.from_dict(v)) for k, v in functions.items()}
+        missing = [op for op in LAYER_OPS if op not in self.f]
+        if missing:
+            raise UserError(f"costmodel: profiled model lacks operator(s) {', '.join(missing)}; refit with `servesim calibrate`")
+        self.layers = int(layers)
+        self.floors_ms = dict(floors_ms or {})
+        self.provenance = provenance or {}
+
+    # -- per-operator times, seconds ---------------------------------------------------------------------
+    def _floor(self, name, t_ms):
+        return max(float(t_ms), self.floors_ms.get(name, 0.0)) * 1e-3
+
+    def dense_op_time(self, op: str, n) -> float:
+        if op not in self.f:
+            return 0.0
+        return self._floor(op, self.f[op](n))
+
+    def prefill_attn_time(self, chunks, contexts) -> float:
+        if not len(chunks) or "attn_prefill.flops" not in self.f:
+            return 0.0
+        c = np.asarray(chunks, dtype=float)
+        k = np.asarray(contexts, dtype=float)
+        t = self.f["attn_prefill.flops"](c * (k + c / 2)) + self.f["attn_prefill.chunk"](c) + self.f["attn_prefill.context"](k)
+        return self._floor("attn_prefill", np.sum(t))
+
+    def decode_attn_time(self, contexts) -> float:
+        if not len(contexts) or "attn_decode.context" not in self.f:
+            return 0.0
+        t = self.f["attn_decode.batch"](len(contexts)) + np.sum(self.f["attn_decode.context"](contexts))
+        return self._floor("attn_decode", t)
+
+    def op_times(self, shape: BatchShape) -> dict:
+        n = shape.num_tokens
+        out = {op: self.dense_op_time(op, n) for op in LAYER_OPS}
+        out["attn_prefill"] = self.prefill_attn_time(shape.prefill_tokens, shape.prefill_context)
+        out["attn_decode"] = self.decode_attn_time(shape.decode_context)
+        out["emb"] = self.dense_op_time("emb", n)
+        return out
+
+    def compute_time(self, shape: BatchShape) -> float:
+        n = shape.num_tokens
+        if n <= 0:
+            return 0.0
+        t = self.op_times(shape)
+        layer = sum(v for k, v in t.items() if k != "emb")
+        if self.tp > 1 and self.gpu is not None and self.model is not None:
+            layer += 2 * self.gpu.allreduce_time_s(n * self.model.hidden * 2, self.tp)
+        return self.layers * layer + t["emb"]
+
+    # -- fitting ------------------------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, table, layers: int = 32, **kw) -> "ProfiledCostModel":
+        """Fit every operator present in a harness-format table (costmodels.profile_data)."""
+        from costmodels.profile_data import parse_decode, parse_prefill
+        f, floors = {}, {}
+        for op, g in table.groupby("op"):
+            y = g["time_ms"].to_numpy(float)
+            floors[op] = float(y.min()) * 0.5
+            if op in LAYER_OPS or op == "emb":
+                n = g["num_tokens"].to_numpy(float)
+                st = _basis(_knots(n))
+                reg = _fit_relative(st.transform(n[:, None]), y)
+                f[op] = PiecewiseLinear(st.bsplines_[0].t[1:-1], reg.predict(st.transform(st.bsplines_[0].t[1:-1, None])))
+            elif op == "attn_decode":
+                ctx = [parse_decode(s) for s in g["decode"]]
+                b = np.array([len(c) for c in ctx], dtype=float)
+                sb, sm = _basis(_knots(b, 16)), _basis(_knots(np.concatenate(ctx), 24))
+                X = np.c_[sb.transform(b[:, None]), _summed_basis(sm, ctx)]
+                reg = _fit_relative(X, y)
+                nb = sb.transform(b[:1, None]).shape[1]
+                kb, km = sb.bsplines_[0].t[1:-1], sm.bsplines_[0].t[1:-1]
+                f["attn_decode.batch"] = PiecewiseLinear(kb, sb.transform(kb[:, None]) @ reg.coef_[:nb] + reg.intercept_)
+                f["attn_decode.context"] = PiecewiseLinear(km, sm.transform(km[:, None]) @ reg.coef_[nb:])
+            elif op == "attn_prefill":
+                pairs = [parse_prefill(s) for s in g["prefill"]]
+                cs = [np.asarray(p[0], dtype=float) for p in pairs]
+                ks = [np.asarray(p[1], dtype=float) for p in pairs]
+                fl = [c * (k + c / 2) for c, k in zip(cs, ks)]
+                parts = [("flops", fl, 16), ("chunk", cs, 16), ("context", ks, 16)]
+                sts = [_basis(_knots(np.concatenate(v), nk)) for _, v, nk in parts]
+                X = np.hstack([_summed_basis(st, v) for st, (_, v, _) in zip(sts, parts)])
+                X = np.c_[X, [len(c) for c in cs]]    # per-request constant
+                reg = _fit_relative(X, y)
+                off = 0
+                for st, (name, _, _) in zip(sts, parts):
+                    kn = st.bsplines_[0].t[1:-1]
+                    nb = len(st.bsplines_[0].t) - 2
+                    vals = st.transform(kn[:, None]) @ reg.coef_[off:off + nb]
+                    if name == "chunk":
+                        vals = vals + reg.coef_[-1] + reg.intercept_   # Vidur prefill rows hold one request each
+                    f[f"attn_prefill.{name}"] = PiecewiseLinear(kn, vals)
+                    off += nb
+        return cls(f, layers=layers, floors_ms=floors, **kw)
+
+    # -- persistence --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"kind": "profiled", "layers": self.layers, "units": "ms (per layer; emb per iteration)",
+                "floors_ms": {k: float(f"{v:.6g}") for k, v in self.floors_ms.items()},
+                "functions": {k: v.to_dict() for k, v in self.f.items()}, "provenance": self.provenance}
+
+    def save(self, path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=200))
+
+    @classmethod
+    def load(cls, path, **kw) -> "ProfiledCostModel":
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"costmodel.path: {path} does not exist")
+        d = yaml.safe_load(path.read_text()) or {}
+        if "functions" not in d:
+            raise UserError(f"{path}: no 'functions' mapping; not a profiled cost model file")
+        kw.setdefault("layers", d.get("layers", 32))
+        return cls(d["functions"], floors_ms=d.get("floors_ms"), provenance=d.get("provenance"), **kw)
+
+
+@register_costmodel("profiled")
+def _build_profiled(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> ProfiledCostModel:
+    """`kind: profiled` with `path:` to a fitted YAML (default: profiles/<gpu>/<model>-profiled.yaml)."""
+    from costmodels.linear import default_profile_path
+    from sim.paths import resolve_user_path
+    bad = set(spec) - {"path", "kv_dtype"}
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))} for kind 'profiled'; allowed: kind, kv_dtype, path")
+    path = spec.get("path")
+    path = resolve_user_path(path) if path else default_profile_path(gpu.name if gpu else "a100-80gb",
+                                                                    model.name if model else "llama-2-7b", "profiled")
+    if not Path(path).exists():
+        raise UserError(f"{where}.path: no fitted profiled model at {path}; fit one with "
+                        f"`servesim calibrate PROFILE.csv --kind profiled -o {path}`")
+    return ProfiledCostModel.load(path, layers=model.layers if model else 32, model=model, gpu=gpu, tp=tp,
+                                  kv_dtype=spec.get("kv_dtype"))
