@@ -82,25 +82,37 @@ def fit_roofline(table, model, gpu, tp=1):
     """Fit the roofline's efficiencies and launch overhead to per-operator times (least squares on log
     ratio). `emb` is left out: profiled embedding kernels are not shaped like a roofline."""
     from scipy.optimize import least_squares
-    from costmodels.roofline import RooflineCostModel
+    from costmodels.roofline import DEFAULT_COMPUTE_EFF, DEFAULT_MEMORY_EFF, RooflineCostModel
     rows = table[table["op"].isin(LAYER_OPS + ("attn_prefill", "attn_decode"))]
     if rows.empty:
         raise UserError("profile: fitting a roofline model needs per-operator rows")
     F, B, cls = _work_arrays(rows, Shard.of(model, tp))
     y = rows["time_ms"].to_numpy(float) * 1e-3
     ci = np.array([CLASSES.index(c) for c in cls])
+    ec0 = np.array([DEFAULT_COMPUTE_EFF[c] for c in CLASSES])
+    em0 = np.array([DEFAULT_MEMORY_EFF[c] for c in CLASSES])
+    # Only the roof each class can physically hit is fitted: elementwise kernels and decode attention are
+    # bandwidth-bound, so their compute efficiencies stay at the defaults (free, they fit noise).
+    fc = [CLASSES.index(c) for c in ("gemm", "attn_prefill")]
     k = len(CLASSES)
 
+    def effs(theta):
+        ec, em = ec0.copy(), np.exp(theta[len(fc):len(fc) + k])
+        ec[fc] = np.exp(theta[:len(fc)])
+        return ec, em, theta[-1]
+
     def pred(theta):
-        ec, em, launch = np.exp(theta[:k]), np.exp(theta[k:2 * k]), theta[2 * k]
+        ec, em, launch = effs(theta)
         return np.maximum(F / (gpu.peak_flops * ec[ci]), B / (gpu.hbm_bytes_per_s * em[ci])) + launch
 
-    x0 = np.r_[np.log(np.full(k, 0.5)), np.log(np.full(k, 0.5)), 4e-6]
-    lo, hi = np.r_[np.full(2 * k, np.log(1e-6)), 0.0], np.r_[np.zeros(2 * k), 1e-2]  # low bound: CPU profiles
-    res = least_squares(lambda th: np.log(pred(th) / y), x0, bounds=(lo, hi), x_scale=np.r_[np.ones(2 * k), 1e-6])
-    th = res.x
-    return RooflineCostModel(model, gpu, tp=tp, compute_eff=dict(zip(CLASSES, np.exp(th[:k]))),
-                             memory_eff=dict(zip(CLASSES, np.exp(th[k:2 * k]))), launch_s=float(th[2 * k]))
+    x0 = np.r_[np.log(ec0[fc]), np.log(em0), 4e-6]
+    nfree = len(fc) + k
+    lo = np.r_[np.full(nfree, np.log(1e-6)), 0.0]    # low bound so CPU profiles against GPU datasheets still fit
+    hi = np.r_[np.zeros(nfree), 1e-2]
+    res = least_squares(lambda th: np.log(pred(th) / y), x0, bounds=(lo, hi), x_scale=np.r_[np.ones(nfree), 1e-6])
+    ec, em, launch = effs(res.x)
+    return RooflineCostModel(model, gpu, tp=tp, compute_eff=dict(zip(CLASSES, ec)), memory_eff=dict(zip(CLASSES, em)),
+                             launch_s=float(launch))
 
 
 def _work_arrays(rows, shard):

@@ -198,13 +198,12 @@ class ProfiledCostModel(CostModel):
 @register_costmodel("profiled")
 def _build_profiled(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> ProfiledCostModel:
     """`kind: profiled` with `path:` to a fitted YAML (default: profiles/<gpu>/<model>-profiled.yaml)."""
-    from costmodels.linear import default_profile_path
-    from sim.paths import resolve_user_path
+    from costmodels.linear import default_profile_path, resolve_profile_path
     bad = set(spec) - {"path", "kv_dtype"}
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))} for kind 'profiled'; allowed: kind, kv_dtype, path")
     path = spec.get("path")
-    path = resolve_user_path(path) if path else default_profile_path(gpu.name if gpu else "a100-80gb",
+    path = resolve_profile_path(path) if path else default_profile_path(gpu.name if gpu else "a100-80gb",
                                                                     model.name if model else "llama-2-7b", "profiled")
     if not Path(path).exists():
         raise UserError(f"{where}.path: no fitted profiled model at {path}; fit one with "

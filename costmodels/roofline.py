@@ -122,8 +122,8 @@ def _build_roofline(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel
                         f"kind, {', '.join(sorted(allowed))}")
     d = {}
     if spec.get("path"):
-        from sim.paths import resolve_user_path
-        path = resolve_user_path(spec["path"])
+        from costmodels.linear import resolve_profile_path
+        path = resolve_profile_path(spec["path"])
         if not path.exists():
             raise UserError(f"{where}.path: {path} does not exist")
         d = yaml.safe_load(path.read_text()) or {}
