@@ -57,8 +57,8 @@ def _validate_harness(df: pd.DataFrame, path) -> pd.DataFrame:
         raise UserError(f"{path}: missing column(s) {', '.join(missing)}; a harness profile needs "
                         f"{', '.join(REQUIRED)} (or give Vidur's mlp.csv / attention.csv)")
     df = df.copy()
-    df["prefill"] = df["prefill"].fillna("").astype(str)
-    df["decode"] = df["decode"].fillna("").astype(str)
+    for col in ("prefill", "decode"):   # empty cells read back as NaN
+        df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
     bad_op = ~df["op"].isin(KNOWN_OPS)
     if bad_op.any():
         i = int(np.argmax(bad_op.to_numpy()))

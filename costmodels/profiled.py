@@ -1,6 +1,7 @@
 """Profile-fitted batch-time model: one piecewise-linear regression per operator (scikit-learn fit)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,32 @@ class PiecewiseLinear:
         self.y = np.asarray(values, dtype=float)
         if len(self.x) == 1:  # one profiled point: a constant
             self.x, self.y = np.r_[self.x, self.x + 1], np.r_[self.y, self.y]
-        self.slope_lo = (self.y[1] - self.y[0]) / (self.x[1] - self.x[0])
-        self.slope_hi = (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])
+        self.slope_lo = float((self.y[1] - self.y[0]) / (self.x[1] - self.x[0]))
+        self.slope_hi = float((self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2]))
+        self._xs, self._ys = self.x.tolist(), self.y.tolist()
+        # Far-away end points on the extrapolation lines, so np.interp alone evaluates many x exactly.
+        far = 1e12
+        self._xe = np.r_[self.x[0] - far, self.x, self.x[-1] + far]
+        self._ye = np.r_[self.y[0] - far * self.slope_lo, self.y, self.y[-1] + far * self.slope_hi]
+
+    def scalar(self, x: float) -> float:
+        """One value without numpy overhead (the per-iteration path)."""
+        xs, ys = self._xs, self._ys
+        if x <= xs[0]:
+            return ys[0] + (x - xs[0]) * self.slope_lo
+        if x >= xs[-1]:
+            return ys[-1] + (x - xs[-1]) * self.slope_hi
+        i = bisect_right(xs, x)
+        return ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+
+    def total(self, xs) -> float:
+        """Σ y(x) over many x (one per request)."""
+        return float(np.interp(xs, self._xe, self._ye).sum())
+
+    def __add__(self, other: "PiecewiseLinear") -> "PiecewiseLinear":
+        """The exact sum: piecewise linear on the union of knots, with summed end slopes beyond them."""
+        knots = np.union1d(self.x, other.x)
+        return PiecewiseLinear(knots, self(knots) + other(knots))
 
     def __call__(self, x):
         x = np.asarray(x, dtype=float)
@@ -86,6 +111,11 @@ class ProfiledCostModel(CostModel):
         self.layers = int(layers)
         self.floors_ms = dict(floors_ms or {})
         self.provenance = provenance or {}
+        # All non-attention layer ops as one function of tokens (exact sum), floored like each op.
+        self._other = self.f[LAYER_OPS[0]]
+        for op in LAYER_OPS[1:]:
+            self._other = self._other + self.f[op]
+        self._other_floor = sum(self.floors_ms.get(op, 0.0) for op in LAYER_OPS)
 
     # -- per-operator times, seconds ---------------------------------------------------------------------
     def _floor(self, name, t_ms):
@@ -99,10 +129,9 @@ class ProfiledCostModel(CostModel):
     def prefill_attn_time(self, chunks, contexts) -> float:
         if not len(chunks) or "attn_prefill.flops" not in self.f:
             return 0.0
-        c = np.asarray(chunks, dtype=float)
-        k = np.asarray(contexts, dtype=float)
-        t = self.f["attn_prefill.flops"](c * (k + c / 2)) + self.f["attn_prefill.chunk"](c) + self.f["attn_prefill.context"](k)
-        return self._floor("attn_prefill", np.sum(t))
+        ff, fc, fk = self.f["attn_prefill.flops"].scalar, self.f["attn_prefill.chunk"].scalar, self.f["attn_prefill.context"].scalar
+        t = sum(ff(c * (k + c / 2)) + fc(c) + fk(k) for c, k in zip(chunks, contexts))
+        return self._floor("attn_prefill", t)
 
     def decode_attn_time(self, contexts) -> float:
         if not len(contexts) or "attn_decode.context" not in self.f:
@@ -119,14 +148,20 @@ class ProfiledCostModel(CostModel):
         return out
 
     def compute_time(self, shape: BatchShape) -> float:
-        n = shape.num_tokens
+        """Layers × (non-attention ops + attention) + emb, on the scalar fast path."""
+        dc = shape.decode_context
+        n = sum(shape.prefill_tokens) + len(dc)
         if n <= 0:
             return 0.0
-        t = self.op_times(shape)
-        layer = sum(v for k, v in t.items() if k != "emb")
+        layer = max(self._other.scalar(n), self._other_floor) * 1e-3
+        if dc and "attn_decode.context" in self.f:
+            t = self.f["attn_decode.batch"].scalar(len(dc)) + self.f["attn_decode.context"].total(dc)
+            layer += self._floor("attn_decode", t)
+        layer += self.prefill_attn_time(shape.prefill_tokens, shape.prefill_context)
+        emb = self._floor("emb", self.f["emb"].scalar(n)) if "emb" in self.f else 0.0
         if self.tp > 1 and self.gpu is not None and self.model is not None:
             layer += 2 * self.gpu.allreduce_time_s(n * self.model.hidden * 2, self.tp)
-        return self.layers * layer + t["emb"]
+        return self.layers * layer + emb
 
     # -- fitting ------------------------------------------------------------------------------------------
     @classmethod

@@ -40,6 +40,27 @@ class RooflineCostModel(CostModel):
         self.provenance = provenance or {}
         self.shard = Shard.of(model, tp, kv_dtype)
         self.layers = model.layers
+        self._prepare_fast_path()
+
+    def _prepare_fast_path(self):
+        """Work is affine in tokens (dense ops) and in Σ context and batch size (decode), so batch_time can
+        use pre-divided scalars; the coefficients come from the operators module, never restated here."""
+        P, W = self.gpu.peak_flops, self.gpu.hbm_bytes_per_s
+        self._dense = []
+        for op in LAYER_OPS + STEP_OPS:
+            f0, b0 = dense_work(self.shard, op, 0)
+            f1, b1 = dense_work(self.shard, op, 1)
+            c, e = self.compute_eff[OP_CLASS[op]], self.memory_eff[OP_CLASS[op]]
+            self._dense.append((op, float(f1 - f0) / (P * c), float(b0) / (W * e), float(b1 - b0) / (W * e)))
+        f0, b0 = decode_attn_work(self.shard, [0])
+        f1, b1 = decode_attn_work(self.shard, [1])
+        c, e = self.compute_eff["attn_decode"], self.memory_eff["attn_decode"]
+        self._dec = ((f1 - f0) / (P * c), b0 / (W * e), (b1 - b0) / (W * e))
+        # prefill: FLOPs = f·c·(k + (c+1)/2), bytes affine in c and k
+        c, e = self.compute_eff["attn_prefill"], self.memory_eff["attn_prefill"]
+        f_c, b_c = prefill_attn_work(self.shard, [1], [0])
+        _, b_k = prefill_attn_work(self.shard, [0], [1])
+        self._pre = (f_c / (P * c), b_c / (W * e), b_k / (W * e))
 
     # -- per-operator times ----------------------------------------------------------------------------
     def _roof(self, cls: str, flops, nbytes):
@@ -72,13 +93,32 @@ class RooflineCostModel(CostModel):
         return out
 
     def compute_time(self, shape: BatchShape) -> float:
-        n = shape.num_tokens
+        """Same sum as op_times, on the scalar fast path (this runs once per simulated iteration)."""
+        dc = shape.decode_context
+        n = sum(shape.prefill_tokens) + len(dc)
         if n <= 0:
             return 0.0
-        t = self.op_times(shape)
-        layer = sum(t[op] for op in LAYER_OPS) + t["attn_prefill"] + t["attn_decode"]
-        layer += self.allreduce_time(n) + self.layer_overhead_s
-        return self.layers * layer + sum(t[op] for op in STEP_OPS) + self.step_overhead_s
+        n_seqs = len(shape.prefill_tokens) + len(dc)
+        launch, layer, step = self.launch_s, 0.0, 0.0
+        for op, fc, b0, b1 in self._dense:
+            if op == "lm_head":
+                step += max(fc * n_seqs, b0 + b1 * n_seqs) + launch
+            elif op == "emb":
+                step += max(fc * n, b0 + b1 * n) + launch
+            else:
+                layer += max(fc * n, b0 + b1 * n) + launch
+        if dc:
+            fm, b0, bm = self._dec
+            kv = sum(dc)
+            layer += max(fm * kv, b0 * len(dc) + bm * kv) + launch
+        if shape.prefill_tokens:
+            fc, bc, bk = self._pre
+            flops = sum(c * (k + (c + 1) / 2) for c, k in zip(shape.prefill_tokens, shape.prefill_context))
+            layer += max(fc * flops, bc * sum(shape.prefill_tokens) + bk * sum(shape.prefill_context)) + launch
+        if self.tp > 1:
+            layer += self.allreduce_time(n)
+        layer += self.layer_overhead_s
+        return self.layers * layer + step + self.step_overhead_s
 
     # -- persistence ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -259,8 +259,8 @@ def grids(max_tokens: int, max_ctx: int, quick: bool, seed: int = 0):
     pow2 = [2 ** i for i in range(0, 14) if 2 ** i <= max_tokens]
     step = max(1, max_tokens // (8 if quick else 64))
     tokens = sorted(set(pow2 + list(range(step, max_tokens + 1, step))))
-    chunks = [c for c in (16, 64, 128, 256, 512, 1024, 2048, 4096) if c <= max_tokens]
-    ctxs = [k for k in (0, 64, 256, 512, 1024, 2048, 3072) if k < max_ctx]
+    chunks = sorted({c for c in (16, 64, 128, 256, 512, 1024, 2048, 4096) if c <= max_tokens} | {max_tokens})
+    ctxs = sorted({k for k in (0, 64, 256, 512, 1024, 2048, 3072) if k < max_ctx} | {max_ctx // 4, max_ctx // 2})
     prefill = [(c, k) for c in chunks for k in ctxs if c + k <= max_ctx]
     batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= (16 if quick else 256)]
     means = [m for m in (16, 64, 128, 256, 512, 1024, 2048, 3072) if m < max_ctx * 0.66]

@@ -133,3 +133,19 @@ def test_memory_terms_charged_identically_by_every_kind():
     # INT8 KV halves swap traffic
     q = build_costmodel({"kind": "linear", "kv_dtype": "int8"}, L7, A100)
     assert q.swap_time(1000) - A100.pcie_latency_s == pytest.approx((kinds["linear"].swap_time(1000) - A100.pcie_latency_s) / 2)
+
+
+@pytest.mark.parametrize("kind", ["roofline", "profiled"])
+def test_fast_path_equals_the_operator_sum(kind):
+    cm = build_costmodel({"kind": kind}, L7, A100)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        npre, ndec = int(rng.integers(0, 3)), int(rng.integers(0, 100))
+        shape = BatchShape(rng.integers(1, 2048, npre).tolist(), rng.integers(0, 2048, npre).tolist(),
+                           rng.integers(1, 6000, ndec).tolist())
+        if shape.num_tokens == 0:
+            continue
+        t = cm.op_times(shape)
+        step = sum(v for k, v in t.items() if k in ("emb", "lm_head"))
+        slow = cm.layers * sum(v for k, v in t.items() if k not in ("emb", "lm_head")) + step
+        assert cm.compute_time(shape) == pytest.approx(slow, rel=1e-6)
