@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     print(f"{'iteration p90 APE %':<{w}}  " + "  ".join(f"{errs[n].loc[it, 'p90_ape_pct']:>23.2f}" for n in names))
     print(f"{'iteration max APE %':<{w}}  " + "  ".join(f"{errs[n].loc[it, 'max_ape_pct']:>23.2f}" for n in names))
 
-    shape = BatchShape([512], [1024], list(np.random.default_rng(0).integers(100, 3000, 64)))
+    shape = BatchShape([512], [1024], np.random.default_rng(0).integers(100, 3000, 64).tolist())
     call_us = {}
     for name, cm in models.items():
         cm.batch_time(shape)

@@ -12,19 +12,23 @@ from costmodels.errors import UserError
 from costmodels.operators import LAYER_OPS
 
 MAX_KNOTS = 48
+BATCH_KNOTS = 2   # ψ(B) is affine: per-request kernel overhead; a spline there trades off against φ and wiggles
 
 
 class PiecewiseLinear:
     """y(x) through (knots, values), continued linearly beyond both ends: smooth enough inside the profiled
     range, proportional scaling outside it, never a lookup miss."""
 
-    def __init__(self, knots, values):
+    def __init__(self, knots, values, end_slopes=None):
         self.x = np.asarray(knots, dtype=float)
         self.y = np.asarray(values, dtype=float)
         if len(self.x) == 1:  # one profiled point: a constant
             self.x, self.y = np.r_[self.x, self.x + 1], np.r_[self.y, self.y]
-        self.slope_lo = float((self.y[1] - self.y[0]) / (self.x[1] - self.x[0]))
-        self.slope_hi = float((self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2]))
+        if end_slopes is None:
+            # Beyond the profile, more work never takes less time: a falling last segment (noise) continues flat.
+            end_slopes = ((self.y[1] - self.y[0]) / (self.x[1] - self.x[0]),
+                          max(0.0, (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])))
+        self.slope_lo, self.slope_hi = float(end_slopes[0]), float(end_slopes[1])
         self._xs, self._ys = self.x.tolist(), self.y.tolist()
         # Far-away end points on the extrapolation lines, so np.interp alone evaluates many x exactly.
         far = 1e12
@@ -48,7 +52,8 @@ class PiecewiseLinear:
     def __add__(self, other: "PiecewiseLinear") -> "PiecewiseLinear":
         """The exact sum: piecewise linear on the union of knots, with summed end slopes beyond them."""
         knots = np.union1d(self.x, other.x)
-        return PiecewiseLinear(knots, self(knots) + other(knots))
+        return PiecewiseLinear(knots, self(knots) + other(knots),
+                               (self.slope_lo + other.slope_lo, self.slope_hi + other.slope_hi))
 
     def __call__(self, x):
         x = np.asarray(x, dtype=float)
@@ -180,7 +185,7 @@ class ProfiledCostModel(CostModel):
             elif op == "attn_decode":
                 ctx = [parse_decode(s) for s in g["decode"]]
                 b = np.array([len(c) for c in ctx], dtype=float)
-                sb, sm = _basis(_knots(b, 16)), _basis(_knots(np.concatenate(ctx), 24))
+                sb, sm = _basis(_knots(b, BATCH_KNOTS)), _basis(_knots(np.concatenate(ctx), 24))
                 X = np.c_[sb.transform(b[:, None]), _summed_basis(sm, ctx)]
                 reg = _fit_relative(X, y)
                 nb = sb.transform(b[:1, None]).shape[1]

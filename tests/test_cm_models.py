@@ -54,6 +54,9 @@ def test_piecewise_linear_interpolates_and_extrapolates():
     assert f(5) == pytest.approx(2.0)
     assert f(30) == pytest.approx(5.0)      # last slope 0.1 continues
     assert f(-10) == pytest.approx(-1.0)    # first slope 0.2 continues
+    g = PiecewiseLinear([0, 10, 20], [1, 3, 2.5])
+    assert g(100) == pytest.approx(2.5)     # a falling last segment is noise: continue flat, never down
+    assert (f + g)(15) == pytest.approx(f(15) + g(15)) and (f + g)(50) == pytest.approx(f(50) + g(50))
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,11 @@ def test_profiled_decode_is_charged_per_request_and_extrapolates(profiled_errors
     assert all(np.isfinite(big)) and big[0] < big[1] < big[2]
     long = [cm.decode_attn_time([m] * 200) for m in (4000, 8000, 16000)]
     assert long[0] < long[1] < long[2]
+    # batches 8× the profiled maximum stay in line with the linear model (fitted on the same data)
+    lin = build_costmodel({"kind": "linear"}, L7, A100)
+    for b, m in ((1024, 200), (1024, 1000), (512, 3000)):
+        shape = BatchShape([], [], [m] * b)
+        assert cm.batch_time(shape) == pytest.approx(lin.batch_time(shape), rel=0.15), (b, m)
 
 
 def test_roofline_defaults_within_30pct_and_fitted_within_15pct(vidur):
