@@ -61,14 +61,16 @@ class NumpyBackend:
     def embed(table, ids):
         return table[ids]
 
-    def attention(self, q, kcache, vcache, prefill, decode, heads, kv_heads):
-        """q: (tokens, heads, d) for prefill chunks then decode rows; caches (tokens, kv_heads, d)."""
+    def prepare(self, kvs, prefill, decode, heads, kv_heads):
+        """Per-request (K, V) views, GQA heads expanded once, outside the timed region."""
         rep = heads // kv_heads
+        return [(np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)) if rep > 1 else (k, v) for k, v in kvs]
+
+    def attention(self, q, prep, prefill, decode):
+        """q: (tokens, heads, d), prefill chunks first then one row per decode; prep from `prepare`."""
         out, row = np.empty_like(q), 0
-        for c, ctx in list(zip(*prefill)) + [(1, m - 1) for m in decode]:
+        for (c, ctx), (k, v) in zip(list(zip(*prefill)) + [(1, m - 1) for m in decode], prep):
             span = ctx + c
-            k = np.repeat(kcache[:span], rep, axis=1)
-            v = np.repeat(vcache[:span], rep, axis=1)
             s = np.einsum("qhd,khd->hqk", q[row:row + c], k) / np.sqrt(q.shape[-1])
             if c > 1:  # causal inside the chunk
                 s += np.triu(np.full((c, span), -np.inf, dtype=np.float32), k=ctx + 1)
@@ -92,7 +94,7 @@ class NumpyBackend:
 class TorchBackend(NumpyBackend):
     """fp16 on CUDA (float32 on CPU), timed with CUDA events. Decode attention pads the batch to its
     longest context and masks (torch SDPA); the recorded attention_impl says so."""
-    name, attention_impl = "torch", "torch-sdpa"
+    name, attention_impl = "torch", "torch-sdpa-padded"
 
     def __init__(self, device):
         import torch
@@ -134,25 +136,37 @@ class TorchBackend(NumpyBackend):
     def embed(self, table, ids):
         return table[ids]
 
-    def attention(self, q, kcache, vcache, prefill, decode, heads, kv_heads):
-        torch, F = self.torch, self.F
-        rep = heads // kv_heads
-        outs, row = [], 0
-        for c, ctx in zip(*prefill):   # one SDPA call per prefill chunk, causal against its cached context
-            span = ctx + c
-            qi = q[row:row + c].transpose(0, 1)
-            ki = kcache[:span].transpose(0, 1).repeat_interleave(rep, 0)
-            vi = vcache[:span].transpose(0, 1).repeat_interleave(rep, 0)
-            mask = torch.ones(c, span, dtype=torch.bool, device=self.dev).tril(diagonal=ctx)
-            outs.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).transpose(0, 1))
-            row += c
-        if decode:                      # all decode rows in one padded, masked call
+    def prepare(self, kvs, prefill, decode, heads, kv_heads):
+        """Prefill: per-request (H, span, d) K/V. Decode: one padded (B, H, max m, d) K/V copy of each
+        request's own cache rows plus a length mask, all built before timing."""
+        torch, rep = self.torch, heads // kv_heads
+        heads_first = lambda x: x.transpose(0, 1).repeat_interleave(rep, 0) if rep > 1 else x.transpose(0, 1)  # noqa: E731
+        npre = len(prefill[0])
+        pre = [(heads_first(k), heads_first(v)) for k, v in kvs[:npre]]
+        dec = None
+        if decode:
             B, mx = len(decode), max(decode)
-            qd = q[row:row + B].unsqueeze(2)                                   # (B, H, 1, d)
-            kd = kcache[:mx].transpose(0, 1).repeat_interleave(rep, 0).expand(B, -1, -1, -1)
-            vd = vcache[:mx].transpose(0, 1).repeat_interleave(rep, 0).expand(B, -1, -1, -1)
+            kd = torch.zeros(B, heads, mx, kvs[npre][0].shape[-1], dtype=self.tdtype, device=self.dev)
+            vd = torch.zeros_like(kd)
+            for i, (k, v) in enumerate(kvs[npre:]):
+                kd[i, :, :k.shape[0]] = heads_first(k)
+                vd[i, :, :v.shape[0]] = heads_first(v)
             lens = torch.tensor(decode, device=self.dev)
             mask = (torch.arange(mx, device=self.dev)[None, :] < lens[:, None])[:, None, None, :]
+            dec = (kd, vd, mask)
+        masks = [torch.ones(c, k + c, dtype=torch.bool, device=self.dev).tril(diagonal=k) for c, k in zip(*prefill)]
+        return pre, masks, dec
+
+    def attention(self, q, prep, prefill, decode):
+        torch, F = self.torch, self.F
+        pre, masks, dec = prep
+        outs, row = [], 0
+        for (c, _), (k, v), mask in zip(zip(*prefill), pre, masks):   # one SDPA call per prefill chunk
+            outs.append(F.scaled_dot_product_attention(q[row:row + c].transpose(0, 1), k, v, attn_mask=mask).transpose(0, 1))
+            row += c
+        if dec is not None:                                             # all decode rows in one padded call
+            kd, vd, mask = dec
+            qd = q[row:row + len(decode)].unsqueeze(2)
             outs.append(F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask).squeeze(2))
         return torch.cat(outs, 0)
 
@@ -200,7 +214,10 @@ class Layer:
         self.w_qkv, self.w_o = be.randn(h, q + 2 * kv), be.randn(q, h)
         self.w_up, self.w_down = be.randn(h, (2 if model.gated_mlp else 1) * f), be.randn(f, h)
         self.emb = be.randn(model.vocab, h)
-        self.kcache, self.vcache = be.randn(max_ctx, self.kv_heads, self.d), be.randn(max_ctx, self.kv_heads, self.d)
+        # A KV pool several contexts long: requests read different rows, so decode timings are not served
+        # from cache the way they would be if every request re-read the same few rows.
+        self.pool = 4 * max_ctx
+        self.kcache, self.vcache = be.randn(self.pool, self.kv_heads, self.d), be.randn(self.pool, self.kv_heads, self.d)
         self.q_w, self.kv_w, self.f = q, kv, f
 
     def inputs(self, n):
@@ -229,16 +246,31 @@ class Layer:
             "emb": lambda: be.embed(self.emb, t["ids"]),
         }
 
+    def kv_views(self, prefill, decode):
+        """Each request's own K/V rows (context + chunk for prefill, m for decode), spread over the pool."""
+        spans = [k + c for c, k in zip(*prefill)] + list(decode)
+        out, off = [], 0
+        for span in spans:
+            off = off if off + span <= self.pool else 0
+            out.append((self.kcache[off:off + span], self.vcache[off:off + span]))
+            off += span
+        return out
+
+    def prepared(self, prefill, decode):
+        return self.be.prepare(self.kv_views(prefill, decode), prefill, decode, self.heads, self.kv_heads)
+
     def attention_op(self, prefill, decode):
         n = sum(prefill[0]) + len(decode)
         q = self.be.randn(n, self.heads, self.d)
-        return lambda: self.be.attention(q, self.kcache, self.vcache, prefill, decode, self.heads, self.kv_heads)
+        prep = self.prepared(prefill, decode)
+        return lambda: self.be.attention(q, prep, prefill, decode)
 
     def forward(self, prefill, decode):
         """A whole layer on a mixed batch (no emb): norm, QKV, RoPE, attention, O, add, norm, MLP, add."""
         be, n = self.be, sum(prefill[0]) + len(decode)
         t = self.inputs(n)
         act = be.silu_mul if self.m.gated_mlp else be.gelu
+        prep = self.prepared(prefill, decode)
 
         def run():
             x = be.rmsnorm(t["x"], self.w_norm)
@@ -246,7 +278,7 @@ class Layer:
             q = qkv[:, :self.q_w].reshape(n, self.heads, self.d)
             k = qkv[:, self.q_w:self.q_w + self.kv_w].reshape(n, self.kv_heads, self.d)
             q, k = be.rope(q, k, t["cos"], t["sin"])
-            a = be.attention(q, self.kcache, self.vcache, prefill, decode, self.heads, self.kv_heads)
+            a = be.attention(q, prep, prefill, decode)
             r = t["x"] + be.matmul(a.reshape(n, self.q_w), self.w_o)
             return r + be.matmul(act(be.matmul(be.rmsnorm(r, self.w_norm), self.w_up)), self.w_down)
         return run

@@ -90,3 +90,24 @@ def test_profile_without_torch_on_cuda_says_how_to_fix(tmp_path, capsys):
         pass
     err = _one_line_error(capsys, ["profile", "--device", "cuda", "--model", "tiny-llama", "--out", str(tmp_path / "x.csv")])
     assert "pip install" in err
+
+
+def test_numpy_attention_matches_a_direct_softmax():
+    import numpy as np
+    from profiles.harness import Layer, NumpyBackend
+    be = NumpyBackend("cpu")
+    layer = Layer(get_model("tiny-llama"), 1, be, 64)
+    prefill, decode = ([3], [2]), [4]
+    q = be.randn(4, layer.heads, layer.d) * 50
+    out = be.attention(q, layer.prepared(prefill, decode), prefill, decode)
+    kv = layer.kv_views(prefill, decode)
+    rep = layer.heads // layer.kv_heads
+
+    def ref(qrow, k, v, visible):
+        k, v = np.repeat(k[:visible], rep, 1), np.repeat(v[:visible], rep, 1)
+        s = np.einsum("hd,khd->hk", qrow, k) / np.sqrt(layer.d)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return np.einsum("hk,khd->hd", p / p.sum(-1, keepdims=True), v)
+    for i in range(3):                          # chunk token i sees 2 cached + i + 1 chunk tokens
+        assert np.allclose(out[i], ref(q[i], *kv[0], 2 + i + 1), atol=1e-5)
+    assert np.allclose(out[3], ref(q[3], *kv[1], 4), atol=1e-5)
