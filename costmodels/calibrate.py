@@ -53,8 +53,7 @@ def fit_linear(table, model, gpu, tp=1):
     LinearCostModel.fit_vidur, from any profile format."""
     from costmodels.linear import LinearCostModel, _nnls_rel
     _need(table, LAYER_OPS + ("attn_prefill", "attn_decode"), "linear")
-    dense = table[table["op"].isin(LAYER_OPS)].groupby("num_tokens")
-    other = dense["time_ms"].sum()[dense["op"].nunique() == len(LAYER_OPS)]   # only token counts with every op
+    other = other_sum(table)
     n = other.index.to_numpy(float)
     a_o, b_o = _nnls_rel(np.c_[n, np.ones_like(n)], other.to_numpy(float))
     step_a = step_b = 0.0
@@ -71,6 +70,13 @@ def fit_linear(table, model, gpu, tp=1):
     coeffs = dict(a_o=a_o, b_o=b_o, a_p=a_p, a_pk=a_pk, a_pr=a_pr, s_p=s_p, b_p=b_p, a_d=a_d, s_d=s_d, b_d=b_d,
                   step_a=step_a, step_b=step_b)
     return LinearCostModel(coeffs, layers=model.layers, model=model, gpu=gpu, tp=tp)
+
+
+def other_sum(table) -> pd.Series:
+    """Σ of the non-attention layer ops per token count (ms), only where every op was timed; repeated
+    timings of one op at one token count are averaged first, not added."""
+    dense = table[table["op"].isin(LAYER_OPS)].groupby(["num_tokens", "op"])["time_ms"].mean().unstack("op")
+    return dense.dropna().sum(axis=1) if set(LAYER_OPS) <= set(dense.columns) else pd.Series(dtype=float)
 
 
 def _prefill_feats(s):
@@ -175,8 +181,7 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
         pairs = [(y, p) for y, p in pairs if p is not None]
         if pairs:
             rows.append(_err_row(op, *zip(*pairs)))
-    dense = test[test["op"].isin(LAYER_OPS)].groupby("num_tokens")
-    other = dense["time_ms"].sum()[dense["op"].nunique() == len(LAYER_OPS)] * 1e-3
+    other = other_sum(test) * 1e-3
     if len(other):
         pred = [predict_groups(cm, BatchShape([int(n)], [0]))["other"] for n in other.index]
         rows.append(_err_row("other (sum of non-attention ops)", other.to_numpy(), pred))
@@ -201,9 +206,7 @@ def mixed_iteration_grid(test, reference, layers: int, n_mixed: int = 300, seed:
     """(shape, measured seconds) for whole iterations: pure-decode, pure-prefill and hybrid batches built
     from held-out attention rows; the non-attention ops at the batch's token count are interpolated in the
     measured per-op table (profiled every few tokens, so interpolation adds little)."""
-    ref = reference[reference["op"].isin(LAYER_OPS)]
-    dense = ref.groupby("num_tokens")
-    other = dense["time_ms"].sum()[dense["op"].nunique() == len(LAYER_OPS)]
+    other = other_sum(reference)
     if len(other) < 2:
         return []
     emb = reference[reference["op"] == "emb"].groupby("num_tokens")["time_ms"].mean()
