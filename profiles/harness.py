@@ -10,7 +10,6 @@ import numpy as np
 
 from costmodels.catalog import get_model
 from costmodels.errors import UserError
-from costmodels.operators import LAYER_OPS
 from costmodels.profile_data import format_decode, format_prefill
 
 FIELDS = ("op", "num_tokens", "prefill", "decode", "time_ms", "time_ms_min", "time_ms_max", "repeats", "model", "tp",
