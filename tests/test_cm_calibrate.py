@@ -111,3 +111,18 @@ def test_numpy_attention_matches_a_direct_softmax():
     for i in range(3):                          # chunk token i sees 2 cached + i + 1 chunk tokens
         assert np.allclose(out[i], ref(q[i], *kv[0], 2 + i + 1), atol=1e-5)
     assert np.allclose(out[3], ref(q[3], *kv[1], 4), atol=1e-5)
+
+
+def test_torch_backend_attention_matches_numpy():
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from profiles.harness import Layer, NumpyBackend, TorchBackend
+    nb, tb = NumpyBackend("cpu"), TorchBackend("cpu")
+    model = get_model("tiny-llama")
+    ln, lt = Layer(model, 1, nb, 64), Layer(model, 1, tb, 64)
+    lt.kcache, lt.vcache = torch.from_numpy(ln.kcache), torch.from_numpy(ln.vcache)   # same caches
+    prefill, decode = ([3, 5], [2, 0]), [4, 9, 1]
+    q = nb.randn(3 + 5 + 3, ln.heads, ln.d) * 50
+    want = nb.attention(q, ln.prepared(prefill, decode), prefill, decode)
+    got = tb.attention(torch.from_numpy(q), lt.prepared(prefill, decode), prefill, decode).numpy()
+    assert np.allclose(got, want, atol=1e-4)
