@@ -221,7 +221,7 @@ class ProfiledCostModel(CostModel):
 
     def save(self, path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=200))
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=120, default_flow_style=None))
 
     @classmethod
     def load(cls, path, **kw) -> "ProfiledCostModel":
