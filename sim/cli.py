@@ -14,6 +14,7 @@ PLUGINS: list[str] = [
     "sim.sweep",
     "sim.capacity",
     "sim.plots",
+    "costmodels.cli",
 ]
 
 
