@@ -40,7 +40,10 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
     M = capacity_tokens(scn, model, gpu)
-    cm = build_costmodel(scn.costmodel, model, gpu, scn.hardware.tp)
+    cm_spec = dict(scn.costmodel)
+    if scn.memory.kv_dtype and "kv_dtype" not in cm_spec:   # quantized KV is paid for in swap/dequant time too
+        cm_spec["kv_dtype"] = scn.memory.kv_dtype
+    cm = build_costmodel(cm_spec, model, gpu, scn.hardware.tp)
     policy = build_policy(scn.policy)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
