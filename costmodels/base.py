@@ -53,11 +53,24 @@ class CostModel:
             return 0.0
         return self.gpu.pcie_latency_s + tokens * self.kv_bytes_per_token / self.gpu.pcie_bytes_per_s
 
+    # Fraction of peak tensor FLOP/s a large K/V-projection GEMM reaches (Apt-Serve spec §2.3: ~200 of 312 TFLOP/s).
+    hidden_recompute_efficiency = 0.64
+
+    def hidden_recompute_time(self, tokens: int) -> float:
+        """Seconds to rebuild K and V from cached hidden states: 2·2·hidden·kv_dim FLOPs per token per layer."""
+        if tokens <= 0 or self.model is None or self.gpu is None:
+            return 0.0
+        m = self.model
+        flops = 4.0 * m.hidden * m.kv_heads * m.head_dim * m.layers * tokens / self.tp
+        return flops / (self.gpu.peak_flops * self.hidden_recompute_efficiency)
+
     def batch_time(self, shape: BatchShape) -> float:
         """Seconds for the whole iteration: compute plus swap traffic that is not hidden."""
         t = self.compute_time(shape)
         if shape.swap_in_tokens or shape.swap_out_tokens:
             t += self.swap_time(shape.swap_in_tokens) + self.swap_time(shape.swap_out_tokens)
+        if shape.hidden_recompute_tokens:
+            t += self.hidden_recompute_time(shape.hidden_recompute_tokens)
         return t
 
 

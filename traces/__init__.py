@@ -3,3 +3,4 @@ from traces.registry import WORKLOADS, register_workload, build_workload, REQUES
 from traces import synthetic as _synthetic  # noqa: F401  (registers offline / poisson)
 
 __all__ = ["WORKLOADS", "register_workload", "build_workload", "REQUEST_COLUMNS"]
+from traces import aptbros as _aptbros  # noqa: F401,E402  (registers aptserve-sharegpt / bros-mix)
