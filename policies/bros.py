@@ -191,8 +191,10 @@ class Bros(Policy):
             ok = view.reserve(r, target) if r.on_gpu else view.admit(r, target)
             if ok:
                 return True
-            if not rt:
+            if not rt and chosen:
                 return False
+            # RT: FindPreemptBlock's extreme case. BE with an empty batch: our livelock guard (paper silent) —
+            # otherwise BE requests holding all memory could each wait for another to finish.
             victim = self._victim(view, r, chosen)
             if victim is None:
                 return False
@@ -209,6 +211,8 @@ class Bros(Policy):
         taken = set(id(x) for x in chosen)
         cands = [x for x in view.running if x is not r and id(x) not in taken and mem.resident.get(x.id, 0) > 0]
         be = [x for x in cands if x.cls != RT]
+        if be and r.cls != RT:
+            return max(be, key=lambda x: (x.arrival_s, x.id))      # the newest BE yields to older BE work
         if be:
             return max(be, key=lambda x: (mem.resident.get(x.id, 0), x.arrival_s))
         rt = [x for x in cands if x.cls == RT]
