@@ -22,8 +22,8 @@ class BidirectionalKVManager(KVCacheManager):
         self.be_owner = [None] * n
         self.be_len = [0] * n
         self.free_set = set(range(n))
-        self.rt_only: set = set()        # blocks with an RT owner and no BE owner (BE may share them), and vice versa
-        self.be_only: set = set()
+        self.rt_only: set = set()        # RT-owned blocks with no BE owner and empty slots (BE may share them)
+        self.be_only: set = set()        # and vice versa
         self.req_blocks: dict = {}       # id → list of block ids, in fill order
         self.resident: dict = {}
         self.cpu: dict = {}
@@ -55,13 +55,14 @@ class BidirectionalKVManager(KVCacheManager):
     def _set(self, arr, b, v):
         self._journal.append((arr, b, arr[b]))
         arr[b] = v
-        if arr is self.rt_owner or arr is self.be_owner:
+        if arr is not self.rt_only:        # every block array change may move the block between open sets
             self._classify(b)
 
     def _classify(self, b):
         rt, be = self.rt_owner[b] is not None, self.be_owner[b] is not None
-        (self.rt_only.add if rt and not be else self.rt_only.discard)(b)
-        (self.be_only.add if be and not rt else self.be_only.discard)(b)
+        room = self.rt_len[b] + self.be_len[b] < self.S
+        (self.rt_only.add if rt and not be and room else self.rt_only.discard)(b)
+        (self.be_only.add if be and not rt and room else self.be_only.discard)(b)
 
     def _dset(self, d, key, v):
         self._journal.append((d, key, d.get(key, _MISSING)))
@@ -85,8 +86,7 @@ class BidirectionalKVManager(KVCacheManager):
                     container[key] = old
             else:
                 container[key] = old
-                if container is self.rt_owner or container is self.be_owner:
-                    self._classify(key)
+                self._classify(key)
 
     # -- growth ---------------------------------------------------------------------------------------------
     def can_reserve(self, req, tokens: int, admission: bool = False) -> bool:
@@ -168,7 +168,7 @@ class BidirectionalKVManager(KVCacheManager):
 
     def _new_block(self, rt: bool):
         if self.free_set:
-            return min(self.free_set)
+            return next(iter(self.free_set))
         if not self.bidirectional:
             return None
         # Share a block held only by the other class: the one with the most empty slots (BROS FindBlock heuristic).
@@ -225,8 +225,9 @@ class BidirectionalKVManager(KVCacheManager):
             for o, ln in ((self.rt_owner[b], self.rt_len[b]), (self.be_owner[b], self.be_len[b])):
                 if o is not None:
                     res[o] = res.get(o, 0) + ln
-            assert (b in self.rt_only) == (self.rt_owner[b] is not None and self.be_owner[b] is None), b
-            assert (b in self.be_only) == (self.be_owner[b] is not None and self.rt_owner[b] is None), b
+            room = self.rt_len[b] + self.be_len[b] < self.S
+            assert (b in self.rt_only) == (self.rt_owner[b] is not None and self.be_owner[b] is None and room), b
+            assert (b in self.be_only) == (self.be_owner[b] is not None and self.rt_owner[b] is None and room), b
         for rid, n in self.resident.items():
             assert res.get(rid, 0) == n, (rid, res.get(rid, 0), n)
         assert self.free_blocks == len(self.free_set)
