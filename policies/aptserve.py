@@ -9,6 +9,14 @@ from policies.base import Batch, Policy, register_policy
 from sim.hybrid_cache import HybridCacheManager, hidden_to_kv_ratio
 
 KV, HIDDEN = "kv", "hidden"
+
+# Apt-Serve Table 3: (TTFT, P99 TBT) SLOs in seconds per dataset and model; set them as the policy's
+# ttft_slo_s / tbt_slo_s and as the scenario's `slo:` so scheduler and metric agree.
+SLO_TABLE = {
+    "sharegpt": {"opt-13b": (1.0, 1.0), "opt-30b": (1.5, 1.0), "opt-66b": (2.0, 1.0)},
+    "humaneval": {"opt-13b": (0.5, 0.5), "opt-30b": (1.0, 0.5), "opt-66b": (1.5, 0.5)},
+    "longbench": {"opt-13b": (4.0, 1.0), "opt-30b": (4.5, 1.0), "opt-66b": (5.0, 1.0)},
+}
 _KIND_ORDER = {"hidden": 0, "kv": 1, "upgrade": 2}   # ties: a hidden item always precedes its upgrade
 
 

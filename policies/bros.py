@@ -131,7 +131,7 @@ class Bros(Policy):
             if tally.time(e) > budget:
                 time_bound = True              # guard (a): the head runs even if its step alone is too long
             if not self._place(view, r, chosen, rt=True):
-                break
+                continue    # skip (paper: break): a request that finds no memory must not stall the RT decodes behind
             tally.members.append(e)
             chosen.append(r)
             if i == 0:
@@ -216,7 +216,10 @@ class Bros(Policy):
         if be:
             return max(be, key=lambda x: (mem.resident.get(x.id, 0), x.arrival_s))
         rt = [x for x in cands if x.cls == RT]
-        if rt and r.cls == RT:
+        # Only a fully resident RT decode may push out another RT request. Letting new prompts or swapped-out
+        # requests (which must restore their slots) evict RT work made every step swap one RT request out and
+        # another back in — a thrash we measured; the paper is silent. Swapped-out RT waits for free memory.
+        if rt and r.cls == RT and r.on_gpu and not mem.cpu_slots(r):
             return max(rt, key=lambda x: self._slack(view, x))
         return None
 
