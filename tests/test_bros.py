@@ -93,3 +93,14 @@ def test_rt_latency_much_better_than_vllm_with_small_be_loss():
     assert b["rt_normalized_latency_mean"] < 0.8 * v["rt_normalized_latency_mean"]
     assert b["rt_token_attainment"] > v["rt_token_attainment"]
     assert b["be_throughput_rps"] > 0.7 * v["be_throughput_rps"]
+
+
+@pytest.mark.slow
+def test_bidirectional_blocks_help_under_memory_pressure():
+    """Fig. 13 direction: sharing blocks (and checkpointing only the overwritten BE slots) beats recomputing BE
+    requests when RT runs short of blocks."""
+    ov = ["memory.M=6000", "workload.rt_rate=3", "workload.rt_requests=150"]
+    bi = rt_be_summary(_run("bros", ov)[0].all_requests)
+    no = rt_be_summary(_run("bros-nobi", ov)[0].all_requests)
+    assert bi["rt_normalized_latency_mean"] < no["rt_normalized_latency_mean"]
+    assert bi["rt_ttft_attainment"] >= no["rt_ttft_attainment"]
