@@ -104,3 +104,41 @@ def test_bidirectional_blocks_help_under_memory_pressure():
     no = rt_be_summary(_run("bros-nobi", ov)[0].all_requests)
     assert bi["rt_normalized_latency_mean"] < no["rt_normalized_latency_mean"]
     assert bi["rt_ttft_attainment"] >= no["rt_ttft_attainment"]
+
+
+def _state(mem):
+    return (list(mem.rt_owner), list(mem.rt_len), list(mem.be_owner), list(mem.be_len), set(mem.free_set),
+            dict(mem.resident), dict(mem.cpu), {k: list(v) for k, v in mem.req_blocks.items()})
+
+
+def test_random_reserve_free_sequences_keep_every_slot():
+    """Property: under any sequence of grows and frees, occupancy stays within blocks, no slot of a live
+    request is lost (GPU + CPU = what it holds), and a failed reservation changes nothing."""
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.settings(max_examples=150, deadline=None)
+    @hyp.given(st.booleans(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 9), st.booleans()),
+                                       max_size=60))
+    def run(bidirectional, ops):
+        mem = BidirectionalKVManager(40, block_size=4, bidirectional=bidirectional)
+        reqs = [_req(i, "rt" if i % 2 else "be") for i in range(6)]
+        want = {}
+        for idx, grow, release in ops:
+            r = reqs[idx]
+            if release:
+                mem.free(r)
+                want.pop(r.id, None)
+                continue
+            target = want.get(r.id, 0) + grow
+            before = _state(mem)
+            if mem.reserve(r, target):
+                want[r.id] = target
+                assert mem.cpu_slots(r) == 0 and mem.resident.get(r.id, 0) >= target
+            else:
+                assert _state(mem) == before
+            mem.take_swapped_in()
+            mem.check()
+            for q in reqs:
+                assert mem.held(q) >= want.get(q.id, 0)
+    run()
