@@ -1,7 +1,6 @@
 """Apt-Serve (SIGMOD'25): per-iteration prefill/decode choice and the hybrid-cache knapsack, solved greedily."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from costmodels.errors import UserError
@@ -55,7 +54,7 @@ class AptServe(Policy):
         tbt_slo_s: float = 1.0
         fallback: str = "near_zero"      # value of requests already past SLO: near_zero | decay | off
         decay: float = 0.4               # Apt-Serve* (§6.6): g ← decay·p for violated requests
-        rho_scale: float = 1.0           # scheduler's ρ as a multiple of the true restore cost (reference code ≈ 0.3)
+        rho_scale: float = 1.0           # scheduler's ρ / true restore cost (reference code ≈ 0.3)
         n_excludes_violated: bool = False  # reference code: N = |W|+|R| − #violated
         max_num_seqs: int = 256          # vLLM 0.5 defaults the reference code inherits
         max_batched_tokens: int = 2048
@@ -299,8 +298,8 @@ class AptServe(Policy):
             chosen = {c.req: (KV if not mem.is_hidden(c.req) else HIDDEN) for c in R}
         else:
             chosen = self.knapsack(R, mem.total_blocks, N)
-        kept = sum(mem.blocks_needed(c.req.cached + 1 if c.req.is_decode else c.req.input_tokens, chosen[c.req] == HIDDEN)
-                   for c in R if c.req in chosen)
+        kept = sum(mem.blocks_needed(c.req.cached + 1 if c.req.is_decode else c.req.input_tokens,
+                                     chosen[c.req] == HIDDEN) for c in R if c.req in chosen)
         if cfg.scheduling == "fcfs":
             chosen.update({c.req: KV for c in W})
         elif W:

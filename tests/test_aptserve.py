@@ -7,9 +7,7 @@ from costmodels.base import BatchShape
 from policies import build_policy
 from policies.aptserve import Candidate
 from sim.config import load_scenario
-from sim.engine import Simulation
 from sim.hybrid_cache import HybridCacheManager, hidden_to_kv_ratio
-from sim.memory import KVCacheManager
 from sim.request import Request
 from sim.runner import run_scenario
 from solver.aptserve_knapsack import exact_knapsack, knapsack_value
@@ -131,7 +129,8 @@ def test_adaptive_beats_fcfs_and_vllm_under_load():
 
 def test_hidden_cache_is_not_used_for_gqa_models():
     scn = load_scenario(EX, ["model.name=llama-3-8b", "hardware.gpu=a100-80gb", "memory.M=4000",
-                             "workload.num_requests=60", "workload.rate=6", "costmodel.path=profiles/a100-80gb/llama-2-7b-linear.yaml"])
+                             "workload.num_requests=60", "workload.rate=6",
+                             "costmodel.path=profiles/a100-80gb/llama-2-7b-linear.yaml"])
     from sim.runner import build_simulation
     sim = build_simulation(scn)
     assert not sim.memory.hidden_allowed
