@@ -3,3 +3,5 @@ from policies.base import Batch, Policy, POLICIES, register_policy, build_policy
 from policies import unified as _unified  # noqa: F401  (registers the presets)
 
 __all__ = ["Batch", "Policy", "POLICIES", "register_policy", "build_policy"]
+from policies import aptserve as _aptserve  # noqa: F401,E402  (registers aptserve, aptserve-kv, -fcfs, -decay, -s)
+from policies import bros as _bros  # noqa: F401,E402  (registers bros, bros-nobi, bros-rr)

@@ -27,6 +27,7 @@ class ReplicaView:
         self.step_preemptions = 0
         self.step_swap_in = 0
         self.step_swap_out = 0
+        self.step_hidden_recompute = 0     # hidden-cached context tokens whose K/V a policy rebuilds this step
 
     # -- actions ----------------------------------------------------------------------------------------------
     def reserve(self, req: Request, tokens: int) -> bool:
@@ -85,6 +86,7 @@ class Simulation:
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True):
         self.policy = policy
         self.costmodel = costmodel
+        memory = policy.adapt_memory(memory, costmodel)   # policies with their own KV layout swap the manager
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
         self.max_iterations = max_iterations
@@ -133,6 +135,7 @@ class Simulation:
             view.now = env.now
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            view.step_hidden_recompute = 0
             batch = policy.schedule(view)
             if not batch.reqs:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
@@ -142,7 +145,8 @@ class Simulation:
                     yield self._idle
                     self._idle = None
                 continue
-            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out)
+            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                               hidden_recompute_tokens=view.step_hidden_recompute)
             pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
             for r, c in zip(batch.reqs, batch.tokens):
                 if r.cached >= r.input_tokens:

@@ -4,3 +4,4 @@ from traces import synthetic as _synthetic  # noqa: F401  (registers offline, po
 from traces import workloads as _workloads  # noqa: F401  (registers trace, classes, bros, infermax-mix)
 
 __all__ = ["WORKLOADS", "register_workload", "build_workload", "REQUEST_COLUMNS"]
+from traces import aptbros as _aptbros  # noqa: F401,E402  (registers aptserve-sharegpt / bros-mix)
