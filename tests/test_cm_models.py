@@ -128,7 +128,7 @@ def test_memory_terms_charged_identically_by_every_kind():
     swap = A100.pcie_latency_s * 2 + (300 + 200) * kv / A100.pcie_bytes_per_s
     recompute_flops = 1000 * 2 * 32 * 4096 * 2 * 4096
     recompute_bytes = 1000 * (32 * 4096 * 2 + kv)
-    recompute = max(recompute_flops / (A100.peak_flops * 0.6), recompute_bytes / (A100.hbm_bytes_per_s * 0.8))
+    recompute = max(recompute_flops / (A100.peak_flops * 0.64), recompute_bytes / (A100.hbm_bytes_per_s * 0.8))
     dequant = 500 * (kv / 2 + kv) / (A100.hbm_bytes_per_s * 0.8)
     for name, cm in kinds.items():
         t0 = cm.batch_time(base)

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from costmodels import get_gpu, get_model
 from costmodels.linear import LinearCostModel, default_profile_path
 from policies import POLICIES, build_policy
+from policies.unified import UnifiedScheduler
 from sim.engine import Simulation
 from sim.memory import KVCacheManager
 from sim.request import Request
@@ -17,10 +18,14 @@ _CM = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), mode
 workloads = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 60), st.floats(0, 2.0)), min_size=1, max_size=25)
 
 
-def simulate(policy_name, specs, M, block_size, preemption="recompute", **knobs):
-    spec = {"name": policy_name, **knobs}
-    if "swap" == preemption and POLICIES[policy_name][1].get("evict_for_running", True):
-        spec["preemption"] = "swap"
+def simulate(policy_name, specs, M, block_size, preemption="recompute", **unified_knobs):
+    """Run one policy; knobs of the unified family (swap preemption, max_model_len) reach only its presets."""
+    cls, preset, _ = POLICIES[policy_name]
+    spec = {"name": policy_name}
+    if cls is UnifiedScheduler:
+        spec.update(unified_knobs)
+        if preemption == "swap" and preset.get("evict_for_running", True):
+            spec["preemption"] = "swap"
     reqs = [Request(i, a, p, o) for i, (p, o, a) in enumerate(specs)]
     mem = KVCacheManager(M, block_size, swap_capacity_tokens=10 * M)
     return Simulation(reqs, build_policy(spec), _CM, mem).run()
@@ -46,7 +51,7 @@ def test_invariants_every_preset(specs, M, block, preemption):
         assert (done.first_token_s >= done.arrival_s).all() and (done.completion_s >= done.first_token_s).all()
         if name.endswith("-ef") or name in ("orca", "fastertransformer"):
             assert req.evictions.sum() == 0 and req.swaps.sum() == 0, name
-        if preemption == "recompute":
+        if preemption == "recompute" and POLICIES[name][0] is UnifiedScheduler:
             assert req.swaps.sum() == 0
 
 
