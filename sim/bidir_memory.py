@@ -40,6 +40,10 @@ class BidirectionalKVManager(KVCacheManager):
     def held(self, req) -> int:
         return self.resident.get(req.id, 0) + self.cpu.get(req.id, 0)
 
+    @property
+    def offloaded_tokens(self) -> int:
+        return sum(self.cpu.values())
+
     def cpu_slots(self, req) -> int:
         return self.cpu.get(req.id, 0)
 

@@ -204,7 +204,7 @@ class Simulation:
         it["running"].append(len(v.running))
         it["waiting"].append(len(v.waiting) + len(v.swapped))
         it["kv_alloc_tokens"].append(self.memory.used_tokens)
-        it["kv_cached_tokens"].append(v.kv_cached_tokens)
+        it["kv_cached_tokens"].append(v.kv_cached_tokens - self.memory.offloaded_tokens)   # GPU-resident
         it["preemptions"].append(v.step_preemptions)
         it["swap_in_tokens"].append(v.step_swap_in)
         it["swap_out_tokens"].append(v.step_swap_out)

@@ -33,6 +33,11 @@ class KVCacheManager:
         """Allocated KV (blocks × block size), the quantity bounded by M."""
         return (self.total_blocks - self.free_blocks) * self.block_size
 
+    @property
+    def offloaded_tokens(self) -> int:
+        """Context tokens of GPU-running requests that currently sit in host memory (BROS lazy checkpoints)."""
+        return 0
+
     def can_reserve(self, req, tokens: int, admission: bool = False) -> bool:
         extra = self.blocks_for(tokens) - req.blocks
         if extra <= 0:

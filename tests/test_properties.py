@@ -47,7 +47,8 @@ def test_invariants_every_preset(specs, M, block, preemption):
         assert (done.generated_tokens == done.output_tokens).all(), name
         # KV never exceeds M, and cached tokens never exceed what is allocated
         assert (it.kv_alloc_tokens <= res.capacity_tokens).all(), name
-        assert (it.kv_cached_tokens <= it.kv_alloc_tokens).all(), name
+        if not name.startswith("aptserve"):   # hidden-cached tokens take a fraction of a KV slot (test_aptserve)
+            assert (it.kv_cached_tokens <= it.kv_alloc_tokens).all(), name
         assert (done.first_token_s >= done.arrival_s).all() and (done.completion_s >= done.first_token_s).all()
         if name.endswith("-ef") or name in ("orca", "fastertransformer"):
             assert req.evictions.sum() == 0 and req.swaps.sum() == 0, name
