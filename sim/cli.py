@@ -10,6 +10,7 @@ from costmodels.errors import UserError
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
 PLUGINS: list[str] = []
+PLUGINS.append("solver.cli")
 
 
 def _fmt(v):
