@@ -125,11 +125,11 @@ def default_horizon(inst, presets) -> int:
     safe = sufficient_horizon(inst, presets)
     if safe is not None:
         return safe
-    lens = [len(p.schedule) for p in presets if p.schedule is not None]
+    lens = [len(p.schedule) for p in presets if p.schedule is not None and p.csp_valid]
     if lens:
         return max(lens)
-    # no preset ran: one token of one request per batch, plus whole-prompt prefills, always fits
-    return sum(inst.output[i] + -(-inst.prompt[i] // inst.options.C) for i in range(inst.n))
+    # no preset fits this CSP: serving requests one at a time (chunks of P, then O−1 decodes) always fits
+    return sum(inst.output[i] - 1 + -(-inst.prompt[i] // inst.P_eff) for i in range(inst.n))
 
 
 def chunk_hints(inst) -> dict:
