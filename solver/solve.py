@@ -223,6 +223,9 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         sim = replay(inst, sched)
         res.replay_value_s = objective_from_sim(sim, opt.objective)
         res.replay_rel_err = abs(res.replay_value_s - inc) / max(abs(inc), 1e-12)
+        if sim.summary["completed"] != inst.n or sim.summary["evictions"] != traj.evictions:
+            notes.append(f"replay disagrees with the schedule: {sim.summary['completed']}/{inst.n} completed, "
+                         f"{sim.summary['evictions']} evictions vs {traj.evictions}")
         if res.replay_rel_err > REPLAY_RTOL:
             notes.append(f"replay differs from the solver's value by {res.replay_rel_err:.2e} (relative)")
     return res
