@@ -153,6 +153,7 @@ def build(inst, J: int, goal_ms: float | None = None) -> MilpModel:
             md.le([(mp, 1), (I0, -1), (g, -u1), (d, -u1), (cz, u1)], u1 - 1)  # prefill: mp = I ∧ c>0 ⇒ g
             # valid cut: the t-th token of i is generated with I0+t−1 KV in the batch (mp = I0 + gc − 1 when g)
             md.ge([(mp, 1), (g, -u), (v("gc"), -1)], -O)
+            md.ge([(v("w"), 1), (dg, -u), (v("gc"), -1)], -O)          # same for the KV a decode step reads
             # dg = d ∧ g
             md.le([(dg, 1), (d, -1)], 0)
             md.le([(dg, 1), (g, -1)], 0)
@@ -228,6 +229,9 @@ def build(inst, J: int, goal_ms: float | None = None) -> MilpModel:
                         md.le([(X(t + 1), 1), (X(t, j - 1), -1)], 0)
                     kv += [(X(t), -(inst.prompt[i] + t - 1)), (X(t, j - 1), inst.prompt[i] + t - 1)]
                 md.ge(kv, 0)
+                # a decode step generating token t reads exactly I0+t−1 KV: w >= Σ_t (I0+t−1)·x_t − U·(g − dg)
+                u = U[i]
+                md.ge([(V[("w", i, j)], 1), (V[("g", i, j)], u), (V[("dg", i, j)], -u)] + kv[1:], 0)
         for clique in token_cliques(inst):
             for j in range(1, J + 1):
                 terms = [(V[("y", j)], -1)]

@@ -30,6 +30,9 @@ def format_result(res, inst, title: str = "") -> str:
         if res.schedule is not None and res.status != "infeasible":
             verdict = "EXISTS"
         L.append(f"goal: a schedule with {res.objective} <= {res.goal_s:.6g} s {verdict}")
+    if res.status == "infeasible" and res.goal_s is None:
+        L.append(f"infeasible: no schedule finishes every request within J = {res.horizon} batches under these "
+                 f"limits (raise solver.horizon or relax C/P/M/R_max)")
     label = "optimal value" if res.status == "optimal" else "best value found"
     L.append(f"{label}: {_s(res.incumbent_s)}   bound: {_s(res.bound_s)}   gap: {_pct(res.gap)}")
     if res.schedule is not None:

@@ -12,6 +12,7 @@ from solver.replay import replay, run_policy
 from solver.schedule import InvalidSchedule, Schedule, Step, evaluate
 
 REPLAY_RTOL = 1e-6
+MAX_CELLS = 20_000          # requests × batch slots beyond which the MILP is refused up front
 
 
 @dataclass
@@ -112,13 +113,14 @@ def sufficient_horizon(inst, presets) -> int | None:
 
 
 def unavoidable_ms(inst) -> float:
-    """Cost every schedule pays besides the per-batch bias: I0+O−1 tokens per request, one prefill batch, and
-    for each later token the cheaper of a decode read (I0+t−1 KV) and nothing else (refills cost more)."""
+    """Cost every schedule pays besides the per-batch bias: I0+O−1 processed tokens per request, one prefill
+    batch, and for each later token t either a decode step reading I0+t−1 KV or a refill that re-processes at
+    least the I0+t−2 evicted tokens — whichever is cheaper under the coefficients."""
     T = inst.terms
     tok = sum(inst.peak(i) for i in range(inst.n))
-    kv = sum(inst.prompt[i] + t - 1 for i in range(inst.n) for t in range(2, inst.output[i] + 1))
-    decode = any(o > 1 for o in inst.output)
-    return T.tok * tok + T.pbase + (T.kv * kv + T.dbase if decode else 0.0)
+    later = sum(min(T.kv * (inst.prompt[i] + t - 1), T.tok * (inst.prompt[i] + t - 2))
+                for i in range(inst.n) for t in range(2, inst.output[i] + 1))
+    return T.tok * tok + T.pbase + later
 
 
 def default_horizon(inst, presets) -> int:
@@ -180,6 +182,10 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
             raise UserError("solver.goal_factor: needs at least one preset value to scale; none ran")
         goal_s = opt.goal_factor * min(p.value_s for p in ref)
         goal_ms = goal_s * 1e3
+    if inst.n * J > MAX_CELLS:
+        raise UserError(f"solver: {inst.n} requests × {J} batch slots is too large for an exact model "
+                        f"(limit {MAX_CELLS} request-slots, about {25 * MAX_CELLS} variables); use fewer requests "
+                        f"or set solver.horizon")
     model = formulation.build(inst, J, goal_ms)
     backend, why = choose_backend(opt.backend, model)
     start, warm = None, ""
@@ -207,6 +213,11 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     if sched is None and best is not None and goal_ms is None:
         sched, traj = best.schedule, evaluate(inst, best.schedule)
         notes.append(f"no solver solution; the incumbent is the {best.name} schedule")
+    if traj is not None and best is not None and goal_ms is None:
+        seed_traj = evaluate(inst, best.schedule)
+        if seed_traj.objective(inst, opt.objective) < traj.objective(inst, opt.objective) * (1 - 1e-12):
+            notes.append(f"the solver's schedule is worse than the {best.name} warm start; keeping the warm start")
+            sched, traj = best.schedule, seed_traj
     inc = traj.objective(inst, opt.objective) if traj is not None else math.nan
     bound = br.bound / 1e3 if math.isfinite(br.bound) else math.nan
     if goal_ms is not None:

@@ -196,3 +196,17 @@ def test_cli_reports_user_errors_without_traceback(capsys):
     rc = main(["optimal", "examples/optimal-infermax-4.5.yaml", "--set", "solver.bogus=1"])
     assert rc == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_too_short_horizon_is_reported_infeasible(cm):
+    from solver.report import format_result
+    inst = inst_of(cm, [2, 2], [3, 3], 64, horizon=2, presets=[])
+    r = solve(inst)
+    assert r.status == "infeasible" and r.schedule is None
+    assert "no schedule finishes every request within J = 2" in format_result(r, inst)
+
+
+def test_oversized_model_is_refused_in_one_line(cm):
+    inst = inst_of(cm, [2] * 50, [2] * 50, 10_000, horizon=1000, presets=[])
+    with pytest.raises(UserError, match="too large"):
+        solve(inst)

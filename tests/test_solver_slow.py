@@ -24,7 +24,7 @@ def random_instance(seed, cm, **kw):
     output = [int(v) for v in rng.integers(1, 5, n)]
     peaks = [p + o - 1 for p, o in zip(prompt, output)]
     M = int(rng.integers(max(peaks), sum(peaks) + 1))
-    kw.setdefault("time_limit_s", 20)
+    kw.setdefault("time_limit_s", 10)
     return SolverInstance(prompt, output, [0.0] * n, M, SolverOptions(**kw), cm)
 
 
