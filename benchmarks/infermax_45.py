@@ -66,7 +66,7 @@ def main(argv=None):
         print(f"{I:>5} {r['M']:>5} | {1e3 * ev['value_s']:>13.3f} {1e3 * ev['bound_s']:>8.3f} {100 * ev['gap']:>5.1f}% "
               f"{ev['evictions']:>3} | {1e3 * ef['value_s']:>10.3f} {1e3 * ef['bound_s']:>8.3f} {100 * ef['gap']:>5.1f}% | "
               f"{100 * r['saved_vs_ef_opt']:>6.1f}% {100 * r['evicting_preset_loss_vs_ef_opt']:>13.1f}% | "
-              f"{r['closest_preset']} (+{100 * r['closest_preset_gap']:.1f}%)", flush=True)
+              f"{r['closest_preset']} (+{abs(100 * r['closest_preset_gap']):.1f}%)", flush=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"time_limit_s": a.time_limit, "O": O, "B": B, "wall_s": time.perf_counter() - t0,
