@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 INF = float("inf")
-GUROBI_FREE_LIMIT = 2000    # the pip gurobipy's size-limited licence: 2000 variables and 2000 constraints
+GUROBI_FREE_LIMIT = 200     # the pip gurobipy's size-limited licence: 2000 variables/constraints, 200 with quadratics
 
 
 @dataclass
@@ -42,9 +42,10 @@ def choose_backend(requested: str, model) -> tuple[str, str]:
     if not gurobi_importable():
         return "highs", "gurobipy is not importable; HiGHS (open source, no licence) runs instead"
     size = model.size()
-    if max(size["variables"], size["constraints"]) > GUROBI_FREE_LIMIT:
+    if size["variables"] > GUROBI_FREE_LIMIT:
         return "gurobi", (f"gurobipy is importable; the model ({size['variables']} variables, {size['constraints']} "
-                          f"constraints) exceeds the pip size-limited licence ({GUROBI_FREE_LIMIT}), so a full "
+                          f"constraints) exceeds the pip size-limited licence ({GUROBI_FREE_LIMIT} variables with quadratic "
+                          f"terms), so a full "
                           f"licence is needed, else HiGHS takes over")
     return "gurobi", "gurobipy is importable and the model fits even its size-limited licence"
 
@@ -207,8 +208,8 @@ def solve_gurobi(model, opt, start, time_limit_s, hints) -> BackendResult:
         vt = np.array([GRB.INTEGER if k else GRB.CONTINUOUS for k in model.integer])
         x = m.addMVar(n, lb=lb, ub=ub, vtype=vt, obj=np.array(model.obj))
         m.ObjCon = model.obj_offset
-        le, ge = _split_rows(model.rows)
-        for rows, sense in ((le, "<"), (ge, ">")):
+        le, ge, eq = _split_rows(model.rows)
+        for rows, sense in ((le, "<"), (ge, ">"), (eq, "=")):
             if rows:
                 data, ri, ci, rhs = [], [], [], []
                 for r, (cols, coefs, b) in enumerate(rows):
@@ -248,17 +249,16 @@ def solve_gurobi(model, opt, start, time_limit_s, hints) -> BackendResult:
 
 
 def _split_rows(rows):
-    le, ge = [], []
+    le, ge, eq = [], [], []
     for cols, coefs, lo, hi in rows:
         if lo == hi:
-            le.append((cols, coefs, hi))
-            ge.append((cols, coefs, lo))
+            eq.append((cols, coefs, lo))
             continue
         if math.isfinite(hi):
             le.append((cols, coefs, hi))
         if math.isfinite(lo):
             ge.append((cols, coefs, lo))
-    return le, ge
+    return le, ge, eq
 
 
 BACKENDS = {"highs": solve_highs, "gurobi": solve_gurobi}

@@ -172,11 +172,15 @@ def test_errors_are_one_clear_line(cm):
         assert r.backend == "highs" and "not importable" in r.backend_reason
 
 
-def test_backends_agree(cm):
-    pytest.importorskip("gurobipy")
-    a = solve(inst_of(cm, [2, 2, 2], [2, 2, 2], 4, backend="highs"))
-    b = solve(inst_of(cm, [2, 2, 2], [2, 2, 2], 4, backend="gurobi"))
+@pytest.mark.parametrize("prompt, output, M", [([1, 2], [2, 2], 3), ([2, 2], [2, 2], 3), ([3, 2], [2, 2], 4)])
+def test_backends_agree(cm, prompt, output, M):
+    pytest.importorskip("gurobipy")      # these fit the pip licence's 200-variable limit for quadratic models
+    a = solve(inst_of(cm, prompt, output, M, backend="highs"))
+    b = solve(inst_of(cm, prompt, output, M, backend="gurobi"))
+    assert a.status == b.status == "optimal"
+    assert b.backend == "gurobi" and b.square.startswith("exact")
     assert b.incumbent_s == pytest.approx(a.incumbent_s, rel=1e-6)
+    assert b.replay_rel_err <= 1e-6
 
 
 def test_cli_optimal_prints_value_bound_and_presets(tmp_path, capsys):
