@@ -9,7 +9,9 @@ def _s(v, unit="s"):
 
 
 def _pct(v):
-    return "-" if v is None or not math.isfinite(v) else f"{100 * v:.2f}%"
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{100 * v:.2f}%" if abs(v) >= 5e-5 else "0.00%"
 
 
 def format_result(res, inst, title: str = "") -> str:
@@ -26,9 +28,12 @@ def format_result(res, inst, title: str = "") -> str:
              f"({sz['integer_variables']} integer), {sz['constraints']} constraints; horizon J = {res.horizon}")
     L.append(f"c²: {res.square}")
     if res.goal_s is not None:
-        verdict = {"optimal": "EXISTS", "infeasible": "DOES NOT EXIST"}.get(res.status, "UNKNOWN (time limit)")
-        if res.schedule is not None and res.status != "infeasible":
-            verdict = "EXISTS"
+        if res.schedule is not None and res.incumbent_s <= res.goal_s * (1 + 1e-9):
+            verdict = "EXISTS (schedule re-timed exactly)"
+        elif res.status == "infeasible":
+            verdict = "DOES NOT EXIST"
+        else:
+            verdict = f"UNKNOWN ({res.status})"
         L.append(f"goal: a schedule with {res.objective} <= {res.goal_s:.6g} s {verdict}")
     if res.status == "infeasible" and res.goal_s is None:
         L.append(f"infeasible: no schedule finishes every request within J = {res.horizon} batches under these "

@@ -100,13 +100,15 @@ def run_presets(inst, names) -> list:
     return out
 
 
-def sufficient_horizon(inst, presets) -> int | None:
+def sufficient_horizon(inst, presets, cap_s: float | None = None) -> int | None:
     """Offline makespan / Σ completion: the objective is at least the sum of batch times, which is at least
     (#batches)·base + the unavoidable work, so no schedule with more than (best − work)/base batches beats the
     best preset. With this J the bound holds over all schedules, not only those of J batches."""
     if inst.online or inst.options.objective == "mean_ttft":
         return None
     vals = [p.value_s for p in presets if p.csp_valid and math.isfinite(p.value_s)]
+    if cap_s is not None:
+        vals.append(cap_s)
     if not vals:
         return None
     return max(int((min(vals) * 1e3 - unavoidable_ms(inst)) / inst.terms.base * (1 + 1e-9)), 1)
@@ -166,14 +168,6 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     for p in presets:
         if p.schedule is None:
             notes.append(f"preset {p.name} not run: {p.why_not}")
-    J = opt.horizon or default_horizon(inst, presets)
-    safe = sufficient_horizon(inst, presets)
-    if safe is not None and J >= safe:
-        notes.append(f"horizon J = {J} batches is provably enough: the bound holds over all schedules")
-    else:
-        notes.append(f"horizon J = {J} batches: the bound holds over schedules of at most {J} batches")
-    ok = [p for p in presets if p.csp_valid and p.schedule is not None and len(p.schedule) <= J]
-    best = min(ok, key=lambda p: p.value_s) if ok else None
     goal_ms = None
     goal_s = None
     if opt.goal_factor > 0:
@@ -182,6 +176,14 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
             raise UserError("solver.goal_factor: needs at least one preset value to scale; none ran")
         goal_s = opt.goal_factor * min(p.value_s for p in ref)
         goal_ms = goal_s * 1e3
+    safe = sufficient_horizon(inst, presets, goal_s)
+    J = opt.horizon or (safe if safe is not None else default_horizon(inst, presets))
+    if safe is not None and J >= safe:
+        notes.append(f"horizon J = {J} batches is provably enough: the bound holds over all schedules")
+    else:
+        notes.append(f"horizon J = {J} batches: the bound holds over schedules of at most {J} batches")
+    ok = [p for p in presets if p.csp_valid and p.schedule is not None and len(p.schedule) <= J]
+    best = min(ok, key=lambda p: p.value_s) if ok else None
     if inst.n * J > MAX_CELLS:
         raise UserError(f"solver: {inst.n} requests × {J} batch slots is too large for an exact model "
                         f"(limit {MAX_CELLS} request-slots, about {25 * MAX_CELLS} variables); use fewer requests "

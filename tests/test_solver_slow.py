@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from costmodels.errors import UserError
 from costmodels.linear import LinearCostModel, default_profile_path
 from solver.backends import gurobi_importable
 from solver.instance import SolverInstance, SolverOptions
@@ -40,9 +41,13 @@ def test_random_instance_optimum_bounds_presets_and_replays(cm, seed):
             assert r.incumbent_s <= p.value_s * (1 + 1e-9), (p.name, r.incumbent_s, p.value_s)
     assert r.replay_rel_err <= 1e-6
     if gurobi_importable():
-        g = solve(random_instance(seed, cm, backend="gurobi"), presets)
-        if g.backend == "gurobi" and g.status == r.status == "optimal":
-            assert g.incumbent_s == pytest.approx(r.incumbent_s, rel=1e-5)
+        try:
+            g = solve(random_instance(seed, cm, backend="gurobi"), presets)
+        except UserError as e:           # beyond the pip licence's size limit: reported in one line, not compared
+            assert "size-limited" in str(e) or "licen" in str(e).lower()
+        else:
+            if g.status == r.status == "optimal":
+                assert g.incumbent_s == pytest.approx(r.incumbent_s, rel=1e-5)
 
 
 def section_45(cm, I, evictions, time_limit=60):
