@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodels.errors import UserError
 from costmodels.linear import LinearCostModel, default_profile_path
 from solver.backends import gurobi_importable
 from solver.instance import SolverInstance, SolverOptions
@@ -35,10 +36,11 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--n", default="2,4,8,16,32")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--backends", default="", help="comma-separated (default: highs, plus gurobi if importable)")
     ap.add_argument("--out", default="benchmarks/results/solver_scaling.json")
     a = ap.parse_args(argv)
     cm = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), features="paper")
-    backends = ["highs"] + (["gurobi"] if gurobi_importable() else [])
+    backends = a.backends.split(",") if a.backends else ["highs"] + (["gurobi"] if gurobi_importable() else [])
     rows = []
     print(f"{'backend':<8} {'n':>3} {'J':>4} {'vars':>7} {'rows':>7} {'status':<11} {'solve s':>8} {'best ms':>9} "
           f"{'bound ms':>9} {'gap':>7} {'best preset ms':>14}")
@@ -47,7 +49,12 @@ def main(argv=None):
             inst = instance(n, a.seed, cm, backend, a.time_limit)
             t0 = time.perf_counter()
             presets = run_presets(inst, inst.options.presets)
-            r = solve(inst, presets)
+            try:
+                r = solve(inst, presets)
+            except UserError as e:
+                rows.append({"backend": backend, "n": n, "status": "not run", "reason": str(e)})
+                print(f"{backend:<8} {n:>3} not run: {e}", flush=True)
+                continue
             wall = time.perf_counter() - t0
             best = min(p.value_s for p in presets if p.value_s == p.value_s)
             row = {"backend": r.backend, "n": n, "horizon": r.horizon, **r.model_size, "status": r.status,
