@@ -81,6 +81,7 @@ def solve_highs(model, opt, start, time_limit_s, hints) -> BackendResult:
     h.setOptionValue("mip_rel_gap", float(opt.mip_gap))
     h.setOptionValue("threads", int(max(opt.threads, 1)))
     h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_heuristic_effort", float(opt.heuristic_effort))
     n = model.num_vars
     h.addVars(n, model.lb, model.ub)
     ints = [k for k in range(n) if model.integer[k]]

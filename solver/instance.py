@@ -32,6 +32,7 @@ class SolverOptions:
     warm_start: bool = True
     exact_square_max: int = 64         # HiGHS: prompts up to this length get every integer secant of c² up front
     token_cuts: int = 4000             # add token-indexed KV cuts when Σ_i O_i × J is at most this (0 = never)
+    heuristic_effort: float = 0.05     # HiGHS mip_heuristic_effort (its default); more finds better schedules sooner
     cut_rounds: int = 8                # HiGHS: re-solves that add the secant of each violated c² (exactness loop)
 
     def validate(self, where: str = "solver") -> None:
