@@ -15,6 +15,7 @@ PLUGINS: list[str] = [
     "sim.capacity",
     "sim.plots",
     "costmodels.cli",
+    "solver.cli",
 ]
 
 

@@ -60,6 +60,7 @@ class Scenario:
                                                     "prompt": 128, "output": 128})
     slo: dict = field(default_factory=dict)
     sim: SimSection = field(default_factory=SimSection)
+    solver: dict = field(default_factory=dict)   # knobs of `servesim optimal` (solver.instance.SolverOptions)
     source: str = ""
 
     def slos(self) -> dict:

@@ -1,1 +1,5 @@
-"""Optimal schedules (InferMax CSP) as upper bounds: formulation, backends, warm starts, replay."""
+"""Optimal schedules for small workloads: the InferMax CSP as a MILP, backends, warm starts and replay (spec §4)."""
+from solver.instance import SolverInstance, SolverOptions
+from solver.schedule import Schedule, Step, evaluate
+
+__all__ = ["SolverInstance", "SolverOptions", "Schedule", "Step", "evaluate"]
