@@ -9,7 +9,7 @@ import sys
 from costmodels.errors import UserError
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
-PLUGINS: list[str] = []
+PLUGINS: list[str] = ["sim.findings.report", "sim.regress"]
 
 
 def _fmt(v):
