@@ -82,16 +82,16 @@ def fig8(s: Scale):
     return fig
 
 
-@figure("fig9", "Figure 9: TPS vs M, with and without evictions (O = 32, B = 1024)")
+@figure("fig9", "Figure 9: TPS vs M, with and without evictions (O = 32)")
 def fig9(s: Scale):
     plt = _plt()
     fig, axes = plt.subplots(1, len(s.M_sweep_I), figsize=(4.5 * len(s.M_sweep_I), 3.5), squeeze=False)
     for ax, I in zip(axes[0], s.M_sweep_I):
         for p in ("vllm", "vllm-ef", "sarathi", "sarathi-ef"):
             Ms = [M for M in im.M_SWEEP if I + 31 <= M]
-            ax.plot(Ms, [offline(p, I, 32, 1024, M)["tps"] for M in Ms], "--" if p.endswith("ef") else "-",
+            ax.plot(Ms, [offline(p, I, 32, s.msweep_B, M)["tps"] for M in Ms], "--" if p.endswith("ef") else "-",
                     marker="o", label=p)
-        ax.set(xscale="log", xlabel="M (KV tokens)", ylabel="TPS", title=f"I = {I}")
+        ax.set(xscale="log", xlabel="M (KV tokens)", ylabel="TPS", title=f"I = {I}, B = {s.msweep_B}")
     axes[0][0].legend(fontsize=8)
     return fig
 
@@ -128,7 +128,8 @@ def _rank_bars(s: Scale, metric: str, label: str):
     fig, ax = plt.subplots(figsize=(9, 3.5))
     xs = np.arange(len(im.WORKLOADS))
     for k, p in enumerate(im.RANKERS):
-        ax.bar(xs + (k - 1) * 0.27, [mixed(p, a, b, s.rank_B, s.rank_M)[metric] for a, b in im.WORKLOADS], 0.27, label=p)
+        vals = [mixed(p, a, b, s.rank_B, s.rank_M)[metric] for a, b in im.WORKLOADS]
+        ax.bar(xs + (k - 1) * 0.27, vals, 0.27, label=p)
     ax.set_xticks(xs, ["+".join(w) for w in im.WORKLOADS], fontsize=8)
     ax.set(ylabel=label, title=f"heterogeneous workloads, B = {s.rank_B}, M = {s.rank_M}")
     ax.legend(fontsize=8)

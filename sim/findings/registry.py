@@ -19,8 +19,9 @@ class Scale:
     m_factor: float
     I_grid: tuple
     O_grid: tuple
-    M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9), which always runs at B = 1024
+    M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9)
     rank_B: int               # requests per heterogeneous workload (Figures 15–17), with M scaled to match
+    msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
 
     @property
     def M(self) -> int:
@@ -71,6 +72,7 @@ class Claim:
     quick: bool = True        # part of `reproduce --quick` and the fast CI subset
     requires: tuple = ()      # importable modules the check needs (e.g. the solver); missing → not run
     figure: str | None = None  # name of the figure (sim.findings.figures) that shows the data behind it
+    why: str = ""             # our explanation, shown when the direction or the magnitude disagrees
 
 
 @dataclass
@@ -87,9 +89,9 @@ CLAIM_MODULES = ["sim.findings.infermax"]
 
 
 def register_claim(id: str, paper: str, section: str, statement: str, *, quick: bool = True,
-                   requires: tuple = (), figure: str | None = None):
+                   requires: tuple = (), figure: str | None = None, why: str = ""):
     def deco(fn):
-        CLAIMS[id] = Claim(id, paper, section, statement, fn, quick, tuple(requires), figure)
+        CLAIMS[id] = Claim(id, paper, section, statement, fn, quick, tuple(requires), figure, why)
         return fn
     return deco
 
@@ -116,6 +118,8 @@ def evaluate(claim: Claim, scale: Scale) -> Result:
         out = Outcome("see statement", "-", None, None, f"needs `{missing}`, which is not available in this build")
     else:
         out = claim.check(scale)
+        if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY):
+            out.note = f"{out.note} Why: {claim.why}" if out.note else f"Why: {claim.why}"
     return Result(claim, out, scale.name, time.perf_counter() - t0)
 
 
