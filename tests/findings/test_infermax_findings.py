@@ -10,7 +10,7 @@ CLAIMS = load_claims()
 INFERMAX = [c for c in CLAIMS.values() if c.paper == "infermax"]
 
 # Directions that hold at the full scale but not at the quick one (smaller B and M change them).
-FULL_ONLY = {"F4.2-5", "F4.2-8", "F4.2-13", "F4.3-1", "F4.6-3", "F4.7-2"}
+FULL_ONLY = {"F4.2-1", "F4.2-5", "F4.2-8", "F4.2-13", "F4.3-1", "F4.6-3", "F4.7-2"}
 # Directions our simulator does not reproduce even at the full scale (see docs/reproduction.md for why).
 KNOWN_DISAGREEMENTS = {
     "F4.4-3": "M = 1K: evictions give our vLLM no TPS gain over vLLM^ef (1.00x), only Sarathi gains (1.35x)",
