@@ -32,7 +32,7 @@ FIG5_ROWS = (("makespan_s", "latency (s)"), ("tps", "TPS"), ("ttft_mean", "mean 
 
 
 @figure("fig5", "Figure 5: high contention, metrics vs I per O")
-def fig5(s: Scale, ax_grid=None):
+def fig5(s: Scale):
     plt = _plt()
     fig, axes = plt.subplots(len(FIG5_ROWS), len(s.O_grid), figsize=(4 * len(s.O_grid), 2.3 * len(FIG5_ROWS)),
                              squeeze=False, sharex=True)

@@ -1,10 +1,10 @@
 """InferMax's serial TTFT toy (§4.7): requests with given (prefill, decode) times run one at a time."""
 from __future__ import annotations
 
+import pandas as pd
+
 from sim.config import scenario_from_dict
 from sim.runner import requests_from_table, run_scenario
-
-import pandas as pd
 
 # A cost model where every token of a batch costs exactly one second: prefill time = I, decode step = 1.
 UNIT_COST = {"kind": "linear", "coefficients": {"step_a": 1000.0}}   # step_* are ms per iteration
