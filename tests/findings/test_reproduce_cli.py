@@ -1,7 +1,6 @@
 """`servesim reproduce`: the command writes the Markdown table and the figures it links."""
 import re
 
-import pytest
 
 from sim.cli import main
 
@@ -21,8 +20,13 @@ def test_reproduce_quick_subset_writes_table_and_figures(tmp_path):
     assert (figs / "fig12.png").stat().st_size > 5000   # a real plot, not an empty canvas
 
 
-@pytest.mark.slow
-def test_reproduce_quick_full_table(tmp_path):
-    md = tmp_path / "r.md"
-    assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--figures", str(tmp_path / "f")]) == 0
-    assert "Direction reproduced in" in md.read_text()
+def test_reproduce_quick_whole_report(tmp_path):
+    """`servesim reproduce --quick` end to end. Cheap after test_infermax_findings in the same session: the runs
+    are memoised per process, so only the full-only claims and the figures add simulations."""
+    md, figs = tmp_path / "r.md", tmp_path / "f"
+    assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--figures", str(figs)]) == 0
+    text = md.read_text()
+    assert "Direction reproduced in" in text
+    assert text.count("\n| F") == 39
+    linked = set(re.findall(r"\(f/(\w+)\.png\)", text))
+    assert linked and all((figs / f"{n}.png").exists() for n in linked)
