@@ -1,6 +1,7 @@
 """`servesim reproduce`: evaluate every registered claim and write the Markdown table and its figures."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -104,14 +105,24 @@ def reproduce(quick: bool = False, out_md="docs/reproduction.md", fig_dir="docs/
         memo = (f" from runs memoised on disk (SERVESIM_FINDINGS_CACHE); the {len(_CACHE)} simulations took "
                 f"{sum(v.get('wall_s', 0.0) for v in _CACHE.values()):.0f} s of wall time on a shared machine")
     out_md.write_text(render_markdown(results, scale, figures, time.perf_counter() - t0, rel, memo))
+    out_md.with_suffix(".json").write_text(json.dumps(to_records(results, scale), indent=1) + "\n")
     return results, out_md, figures
+
+
+def to_records(results, scale) -> dict:
+    """The same table as machine-readable JSON (written beside the Markdown)."""
+    return {"scale": scale.name, "tally": tally(results),
+            "claims": [{"id": r.claim.id, "paper": r.claim.paper, "section": r.claim.section,
+                        "statement": r.claim.statement, "paper_value": r.outcome.paper, "ours": r.outcome.ours,
+                        "direction": r.outcome.direction, "magnitude": r.outcome.magnitude,
+                        "verdict": r.outcome.verdict, "note": r.outcome.note} for r in results]}
 
 
 def cmd_reproduce(args) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.silent else None
     results, md, figs = reproduce(args.quick, args.out, args.figures, args.claims or None, not args.no_figures, say)
     t = tally(results)
-    print(f"wrote {md} and {len(figs)} figure(s) under {args.figures}: direction {t['direction_ok']}/{t['checked']}, "
+    print(f"wrote {md} (+ .json) and {len(figs)} figure(s) under {args.figures}: direction {t['direction_ok']}/{t['checked']}, "
           f"magnitude {t['magnitude_ok']}/{t['magnitude_checked']}, not run {t['not_run']}")
     return 0
 

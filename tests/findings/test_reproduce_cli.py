@@ -1,4 +1,5 @@
 """`servesim reproduce`: the command writes the Markdown table and the figures it links."""
+import json
 import re
 
 
@@ -18,6 +19,8 @@ def test_reproduce_quick_subset_writes_table_and_figures(tmp_path):
     linked = set(re.findall(r"\(figures/(\w+)\.png\)", text))
     assert linked == {"fig12"}
     assert (figs / "fig12.png").stat().st_size > 5000   # a real plot, not an empty canvas
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [c["verdict"] for c in data["claims"]] == ["not run", "reproduced", "reproduced", "reproduced"]
 
 
 def test_reproduce_quick_whole_report(tmp_path):
