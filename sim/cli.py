@@ -16,6 +16,8 @@ PLUGINS: list[str] = [
     "sim.plots",
     "costmodels.cli",
     "solver.cli",
+    "sim.findings.report",
+    "sim.regress",
 ]
 
 
