@@ -71,6 +71,22 @@ class LinearCostModel(CostModel):
             t += k["a_d"] * kv_read + k["s_d"] * n_decode + k["b_d"]
         return t
 
+    def decode_stretch_times(self, cached, k: int):
+        """Closed form of k decode-only iterations: only the KV read grows, by len(cached) per iteration.
+
+        Evaluates exactly the float operations of time_from_sums, in its order, so fast-forward reproduces
+        the step-by-step clock bit for bit."""
+        if type(self).compute_time is not LinearCostModel.compute_time or \
+                type(self).batch_time is not CostModel.batch_time:
+            return super().decode_stretch_times(cached, k)
+        n = len(cached)
+        if n == 0:
+            return np.zeros(k)
+        c = self._k
+        base = c["a_o"] * n + c["b_o"] + c["step_a"] * n + c["step_b"] + self.overhead_s
+        kv_read = int(np.sum(cached, dtype=np.int64)) + n * np.arange(1, k + 1, dtype=np.int64)
+        return base + (c["a_d"] * kv_read.astype(float) + c["s_d"] * n + c["b_d"])
+
     # -- fitting ----------------------------------------------------------------------------------------
     @classmethod
     def fit_vidur(cls, mlp: "pd.DataFrame", attention: "pd.DataFrame", layers: int = 32, tp: int = 1,

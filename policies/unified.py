@@ -85,6 +85,25 @@ class UnifiedScheduler(Policy):
             return f"prompt of {req.prompt_tokens} tokens exceeds the prefill budget {self.P} without chunked prefill"
         return None
 
+    # -- fast-forward ---------------------------------------------------------------------------------------
+    fast_forward_safe = False   # a subclass that changes scheduling sets True only if steady_decode still holds
+
+    def steady_decode(self, view, after_full_decode):
+        """All running requests decode and fit the token budget; queued ones either do not exist or were
+        just blocked by a cause that stays put while KV only shrinks (budget, R_max, memory, no victim)."""
+        cls = type(self)
+        if cls is not UnifiedScheduler and not cls.fast_forward_safe:
+            return False
+        if cls.on_commit is not Policy.on_commit or len(view.running) > self.C:
+            return False
+        for r in view.running:
+            if r.cached < r.input_tokens:
+                return False
+        if not view.waiting and not view.swapped:
+            return True
+        # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
+        return after_full_decode and not self.config.peak_admission
+
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):
         k = self.config.rank_key

@@ -7,6 +7,7 @@ import simpy
 
 from costmodels.base import BatchShape
 from sim.errors import SimulationStuck
+from sim.fastforward import FastForward
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.request import DONE, INFEASIBLE, RUNNING, SWAPPED, WAITING, Request
@@ -82,7 +83,8 @@ class Simulation:
     """One replica serving a request stream under one policy and one cost model."""
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
-                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True):
+                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
+                 fast_forward: bool = True):
         self.policy = policy
         self.costmodel = costmodel
         self.memory = memory
@@ -110,6 +112,8 @@ class Simulation:
                                       "running", "waiting", "kv_alloc_tokens", "kv_cached_tokens",
                                       "preemptions", "swap_in_tokens", "swap_out_tokens")}
         self._idle = None
+        self.fast_forward = FastForward(self) if fast_forward else None
+        self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -133,6 +137,7 @@ class Simulation:
             view.now = env.now
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            arrived_at_schedule = self.arrived
             batch = policy.schedule(view)
             if not batch.reqs:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
@@ -154,6 +159,7 @@ class Simulation:
             start = env.now
             yield env.timeout(dt)
             gen_before = self.tokens_generated
+            completed_before = self.completed
             self._commit(batch, env.now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
@@ -166,6 +172,34 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
+            if self.fast_forward is not None:
+                full_decode = (not pt and len(dc) == len(view.running) and self.completed == completed_before
+                               and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
+                before = view.iteration
+                yield from self._skip_steady(env, full_decode, arrived_at_schedule)
+                if view.iteration > before:          # every skipped iteration generated tokens
+                    last_progress = view.iteration
+                if self.max_iterations and view.iteration >= self.max_iterations:
+                    self.truncated = True
+                    return
+
+    def _skip_steady(self, env, full_decode, arrived_at_schedule):
+        """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady."""
+        ff = self.fast_forward
+        while self.completed < len(self.requests):
+            plan = ff.plan(env.now, full_decode, arrived_at_schedule)
+            if plan is None:
+                return
+            end = float(plan.ends[-1])
+            yield env.timeout(plan.delay_from(env.now))
+            if env.now != end:                       # land on the plain loop's clock value bit for bit
+                yield env.timeout(end - env.now)
+            if env.now != end:
+                raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
+            ff.apply(plan)
+            self.fast_forward_iterations += plan.k
+            full_decode = False      # past a completion only an empty queue keeps the stretch steady
+            arrived_at_schedule = self.arrived
 
     def _commit(self, batch, now):
         view, keep = self.view, self.keep_token_times
