@@ -197,10 +197,29 @@ class UnifiedScheduler(Policy):
         batch = Batch()
         stamp = view.iteration
         st = {"preempted": False, "phase": None, "static_block": cfg.static_batching and bool(view.running)}
+        # Hot path: a running decode that fits the budget and its next block is what most candidates are;
+        # it is taken inline (same state changes as _consider) and anything else goes through _consider.
+        inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+        mem, C, hybrid = view.memory, self.C, cfg.hybrid
+        bs = mem.block_size if inline else 1
+        reqs, tokens = batch.reqs, batch.tokens
         for group in self._groups(view):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
+                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C and cand.on_gpu
+                        and (hybrid or not reqs or st["phase"] is False)):
+                    extra = -(-(cand.cached + 1) // bs) - cand.blocks
+                    if extra <= 0 or mem.free_blocks >= extra:
+                        if extra > 0:
+                            mem.free_blocks -= extra
+                            cand.blocks += extra
+                        cand.sched_stamp = stamp
+                        reqs.append(cand)
+                        tokens.append(1)
+                        batch.num_tokens += 1
+                        st["phase"] = False
+                        continue
                 if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
                     break
         return batch

@@ -28,6 +28,10 @@ class ReplicaView:
         self.step_preemptions = 0
         self.step_swap_in = 0
         self.step_swap_out = 0
+        # True when reserve is plain block accounting, so a policy may inline it on its hot path.
+        self.plain_reserve = (type(memory).reserve is KVCacheManager.reserve
+                              and type(memory).blocks_for is KVCacheManager.blocks_for
+                              and type(self).reserve is ReplicaView.reserve)
 
     # -- actions ----------------------------------------------------------------------------------------------
     def reserve(self, req: Request, tokens: int) -> bool:
