@@ -96,13 +96,14 @@ class UnifiedScheduler(Policy):
             return False
         if cls.on_commit is not Policy.on_commit or len(view.running) > self.C:
             return False
+        queued = bool(view.waiting or view.swapped)
+        # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
+        if queued and (not after_full_decode or self.config.peak_admission):
+            return False
         for r in view.running:
             if r.cached < r.input_tokens:
                 return False
-        if not view.waiting and not view.swapped:
-            return True
-        # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
-        return after_full_decode and not self.config.peak_admission
+        return True
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):

@@ -8,6 +8,7 @@ import simpy
 from costmodels.base import BatchShape
 from sim.errors import SimulationStuck
 from sim.fastforward import FastForward
+from sim.itertally import IterationTally
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.request import DONE, INFEASIBLE, RUNNING, SWAPPED, WAITING, Request
@@ -118,6 +119,7 @@ class Simulation:
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
+        self.tally = None if record_iterations else IterationTally()   # summary totals without the table
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -168,6 +170,8 @@ class Simulation:
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
                 self._record(start, dt, len(batch.reqs), sum(pt), len(dc))
+            else:
+                self.tally.add(len(batch.reqs), len(view.running), self.memory.used_tokens)
             if self.tokens_generated > gen_before:
                 last_progress = view.iteration
             elif view.iteration - last_progress > self.watchdog_iterations:
@@ -208,12 +212,14 @@ class Simulation:
     def _commit(self, batch, now):
         view, keep = self.view, self.keep_token_times
         finished = False
+        generated = 0
         view.kv_cached_tokens += batch.num_tokens
         for r, c in zip(batch.reqs, batch.tokens):
-            r.cached += c
-            if r.cached >= r.input_tokens:
+            m = r.cached + c
+            r.cached = m
+            if m >= r.input_tokens:
                 r.generated += 1
-                self.tokens_generated += 1
+                generated += 1
                 if r.first_token_s is None:
                     r.first_token_s = now
                 r.token_times.append(now)
@@ -225,6 +231,7 @@ class Simulation:
                     self.completed += 1
                     finished = True
                     finalize_request(r, keep)
+        self.tokens_generated += generated
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
 

@@ -125,6 +125,21 @@ class FastForward:
         view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
         if sim.record_iterations:
             self._record(p, n, kv_cached0, used_blocks0)
+        else:
+            self._tally(p, n, used_blocks0)
+
+    def _tally(self, p, n, used_blocks0):
+        sim = self.sim
+        bs, k = sim.memory.block_size, p.k
+        if k > 1:
+            alloc = (used_blocks0 + p.extra_total[:-1]) * bs
+            t = sim.tally
+            t.iterations += k - 1
+            t.batch_size += n * (k - 1)
+            t.running += n * (k - 1)
+            t.kv_alloc_tokens += int(alloc.sum())
+            t.kv_alloc_max = max(t.kv_alloc_max, int(alloc.max()))
+        sim.tally.add(n, len(sim.view.running), sim.memory.used_tokens)
 
     def _record(self, p, n, kv_cached0, used_blocks0):
         sim = self.sim

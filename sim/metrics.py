@@ -105,7 +105,8 @@ def iteration_table(iters: dict) -> pd.DataFrame:
     return pd.DataFrame(iters)
 
 
-def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False) -> dict:
+def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False,
+              tally=None) -> dict:
     """Run-level metrics. Latency = makespan (InferMax A13); TPS = generated tokens / makespan."""
     done = req[req["status"] == "done"]
     n_done = len(done)
@@ -130,6 +131,8 @@ def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncat
     s["swaps"] = int(req["swaps"].sum())
     s["evicted_tokens"] = int(req["evicted_tokens"].sum())
     s["iterations"] = len(it)
+    if tally is not None and not len(it):        # per-iteration table off: the engine's running totals
+        s.update(tally.summary(capacity_tokens))
     if len(it):
         s["batch_size_mean"] = float(it["batch_size"].mean())
         s["running_mean"] = float(it["running"].mean())
@@ -158,7 +161,7 @@ class SimResult:
         slos = slos if slos is not None else getattr(sim, "slos", None)
         req = request_table(sim.all_requests, slos)
         it = iteration_table(sim.iters)
-        summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated)
+        summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:

@@ -121,3 +121,18 @@ def test_p99_helper_is_numpys_percentile():
     for n in list(range(1, 40)) + [101, 257, 999]:
         x = np.diff(np.cumsum(rng.random(n + 1) * rng.choice([1e-3, 1.0])))
         assert p99_sorted(sorted(x.tolist())) == float(np.percentile(x, 99))
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_summary_without_iteration_table_matches_the_table(fast_forward):
+    table = _workload(7, 120, 8.0, 400, 300)
+    raw = {"memory": {"M": 6000, "block_size": 16}, "policy": {"name": "sarathi"},
+           "sim": {"fast_forward": fast_forward}}
+    _, full = _run(raw, table, fast_forward)
+    _, lean = _run({**raw, "sim": {**raw["sim"], "record_iterations": False}}, table, fast_forward)
+    assert len(lean.iterations) == 0
+    pd.testing.assert_frame_equal(full.requests, lean.requests, check_exact=True)
+    for key in ("iterations", "kv_util_max"):
+        assert lean.summary[key] == full.summary[key]
+    for key in ("batch_size_mean", "running_mean", "kv_util_mean"):
+        assert lean.summary[key] == pytest.approx(full.summary[key], rel=1e-12)
