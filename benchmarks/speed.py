@@ -141,7 +141,7 @@ def main(argv=None) -> int:
                           record_iterations=False))
     results = []
     print(f"{'workload':<8} {'preset':<8} {'ff':<3} {'requests':>9} {'iters':>9} {'ff_iters':>9} {'sim_s':>7} "
-          f"{'proc_s':>7} {'req/s':>9} {'iter/s':>9} {'RSS_MB':>7}  vs Vidur loop")
+          f"{'cpu_s':>7} {'proc_s':>7} {'req/s':>9} {'iter/s':>9} {'RSS_MB':>7}  vs Vidur loop")
     for case in cases:
         r = spawn(case, args.timeout)
         results.append(r)
@@ -151,7 +151,8 @@ def main(argv=None) -> int:
         ref = VIDUR_REFERENCE.get(case["preset"]) if case["workload"] == "azure" else None
         vs = f"{ref['loop_s'] / r['sim_s']:.1f}x" if ref else ""
         print(f"{r['workload']:<8} {r['preset']:<8} {str(r['fast_forward'])[0]:<3} {r['requests']:>9} "
-              f"{r['iterations']:>9} {r['fast_forwarded_iterations']:>9} {r['sim_s']:>7.2f} {r['process_s']:>7.2f} "
+              f"{r['iterations']:>9} {r['fast_forwarded_iterations']:>9} {r['sim_s']:>7.2f} {r['sim_cpu_s']:>7.2f} "
+              f"{r['process_s']:>7.2f} "
               f"{r['requests_per_s']:>9.0f} {r['iterations_per_s']:>9.0f} {r['peak_rss_mb']:>7.0f}  {vs}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

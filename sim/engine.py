@@ -199,14 +199,16 @@ class Simulation:
             if plan is None:
                 return
             end = float(plan.ends[-1])
+            arrived_before = self.arrived
             yield env.timeout(plan.delay_from(env.now))
             if env.now != end:                       # land on the plain loop's clock value bit for bit
                 yield env.timeout(end - env.now)
             if env.now != end:
                 raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
-            ff.apply(plan)
+            finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
-            full_decode = False      # past a completion only an empty queue keeps the stretch steady
+            # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
+            full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
 
     def _commit(self, batch, now):

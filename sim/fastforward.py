@@ -83,8 +83,10 @@ class FastForward:
         p.waiting_before = len(view.waiting) + len(view.swapped)
         return p
 
-    def apply(self, p: StretchPlan) -> None:
-        """Commit the stretch's tokens, completions, memory and records, as k plain iterations would."""
+    def apply(self, p: StretchPlan) -> bool:
+        """Commit the stretch's tokens, completions, memory and records, as k plain iterations would.
+
+        Returns whether any request completed (in the stretch's last iteration)."""
         sim = self.sim
         view, mem = sim.view, sim.memory
         running = view.running
@@ -127,6 +129,7 @@ class FastForward:
             self._record(p, n, kv_cached0, used_blocks0)
         else:
             self._tally(p, n, used_blocks0)
+        return bool(finished)
 
     def _tally(self, p, n, used_blocks0):
         sim = self.sim
