@@ -14,6 +14,7 @@ PREEMPTIONS = ("recompute", "swap")
 UNLIMITED = 1 << 40
 
 _NEXT_CAND, _NEXT_GROUP = 0, 1
+_RUNNING = "running"   # Request.state of a request on the GPU (sim.request.RUNNING; policies do not import sim)
 
 
 def _choice(value, allowed, where):
@@ -208,8 +209,8 @@ class UnifiedScheduler(Policy):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
-                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C and cand.on_gpu
-                        and (hybrid or not reqs or st["phase"] is False)):
+                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C
+                        and cand.state == _RUNNING and (hybrid or not reqs or st["phase"] is False)):
                     extra = -(-(cand.cached + 1) // bs) - cand.blocks
                     if extra <= 0 or mem.free_blocks >= extra:
                         if extra > 0:

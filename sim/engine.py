@@ -156,11 +156,12 @@ class Simulation:
             shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out)
             pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
             for r, c in zip(batch.reqs, batch.tokens):
-                if r.cached >= r.input_tokens:
-                    dc.append(r.cached + 1)
+                m = r.cached
+                if m >= r.input_tokens:
+                    dc.append(m + 1)
                 else:
                     pt.append(c)
-                    pc.append(r.cached)
+                    pc.append(m)
             dt = cm.batch_time(shape)
             start = env.now
             yield env.timeout(dt)
