@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from costmodels.base import BatchShape, CostModel
 from sim.config import scenario_from_dict
-from sim.fastforward import _extra_blocks, _last_fitting_step
+from sim.fastforward import _block_events
 from sim.metrics import p99_sorted
 from sim.runner import build_simulation, requests_from_table
 
@@ -39,7 +39,7 @@ def _assert_identical(raw, table):
     return fast_sim, fast
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(preset=st.sampled_from(PRESETS), seed=st.integers(0, 10_000), n=st.integers(1, 60),
        rate=st.sampled_from([0, 2.0, 20.0, 200.0]), M=st.sampled_from([600, 1500, 6000, 100_000]),
        block=st.sampled_from([1, 16]), max_prompt=st.sampled_from([8, 300, 700]),
@@ -101,19 +101,24 @@ def test_linear_closed_form_equals_batch_time_bit_for_bit():
     got = cm.decode_stretch_times(cached, 50)
     want = [cm.batch_time(BatchShape(decode_context=[int(c) + j for c in cached])) for j in range(1, 51)]
     assert got.tolist() == want
+    last = np.array([50, 3, 17, 50, 1])        # requests leave the batch after their last step
+    got = cm.decode_stretch_times(cached, 50, last_step=last)
+    want = [cm.batch_time(BatchShape(decode_context=[int(c) + j for c, l in zip(cached, last) if j <= l]))
+            for j in range(1, 51)]
+    assert got.tolist() == want
 
 
-def test_block_need_helpers_match_a_brute_force_count():
+def test_block_events_match_a_brute_force_count():
     rng = np.random.default_rng(0)
     for _ in range(200):
         bs = int(rng.choice([1, 4, 16]))
-        slack = rng.integers(0, 40, size=int(rng.integers(1, 12)))
+        n = int(rng.integers(1, 12))
+        slack = rng.integers(0, 40, size=n)
         k = int(rng.integers(1, 80))
-        brute = [sum(math.ceil(max(0, j - s) / bs) for s in slack) for j in range(1, k + 1)]
-        assert _extra_blocks(slack, bs, k).tolist() == brute
-        free = int(rng.integers(0, 60))
-        fits = [j for j in range(0, k + 1) if (brute[j - 1] if j else 0) <= free]
-        assert _last_fitting_step(slack, bs, free, k) == max(fits)
+        last = rng.integers(1, k + 1, size=n)
+        need = lambda s, j: math.ceil(max(0, j - s) / bs)   # noqa: E731  (blocks taken by step j)
+        brute = [sum(need(s, j) - need(s, j - 1) for s, l in zip(slack, last) if j <= l) for j in range(1, k + 1)]
+        assert _block_events(slack, last, bs, k).tolist() == brute
 
 
 def test_p99_helper_is_numpys_percentile():
