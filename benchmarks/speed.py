@@ -4,6 +4,7 @@ Cases (each runs in its own process so peak RSS and whole-process time are clean
   azure    the Azure LLM 2023 conv trace (19,366 requests, real arrival times), Llama-2-7B on one A100
   poisson  10,000 Poisson requests (examples/poisson-10k.yaml: rate 8/s, prompts 64-1024, outputs 16-512)
   million  1,000,000 Poisson requests with conv-like log-normal lengths, per-iteration records off
+  offline  (opt-in) 1,024 requests at t=0, 128 prompt / 1,024 output tokens, M = 1.2M: a decode-heavy run
 
 Reference (the issue, Vidur on this machine class, conv trace): Sarathi 51 s loop / 60 s process, vLLM 50 s / 58 s.
 
@@ -58,6 +59,13 @@ def case_scenario(case: dict) -> tuple[dict, object]:
     if case["preset"] == "sarathi":
         policy["R_max"] = 128          # the issue's Sarathi setting: chunk 512, batch cap 128
     sim = {"fast_forward": case["fast_forward"], "record_iterations": case["record_iterations"]}
+    if case["workload"] == "offline":
+        # A decode-heavy offline batch with room for all of it in KV: where fast-forward skips most iterations.
+        raw = yaml.safe_load((REPO / "examples" / "infermax-default.yaml").read_text())
+        raw["workload"]["output"] = 1024
+        raw["memory"]["M"] = 1_200_000
+        raw.update(policy=policy, sim=sim)
+        return raw, None
     if case["workload"] == "poisson":
         raw = yaml.safe_load((REPO / "examples" / "poisson-10k.yaml").read_text())
         raw.update(policy=policy, sim=sim)
@@ -131,7 +139,7 @@ def main(argv=None) -> int:
         return 0
     cases = []
     wanted = args.cases.split(",")
-    for wl in ("azure", "poisson"):
+    for wl in ("azure", "poisson", "offline"):
         if wl in wanted:
             for preset in args.presets.split(","):
                 for ff in ((True, False) if args.compare else (True,)):
