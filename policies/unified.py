@@ -120,7 +120,8 @@ class UnifiedScheduler(Policy):
     def _groups(self, view):
         """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
         order = self.config.order
-        waiting = lambda: list(view.swapped) + list(view.waiting)  # noqa: E731  (swapped take precedence, vLLM v0)
+        waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
+                           else list(view.waiting))                # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
             yield list(view.running)
