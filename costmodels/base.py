@@ -92,6 +92,19 @@ class CostModel:
         """Seconds for the whole iteration: compute plus the memory actions that are not hidden."""
         return self.compute_time(shape) + self.memory_time(shape)
 
+    def decode_stretch_times(self, cached, k: int, last_step=None):
+        """Batch times of k decode-only iterations of the same requests (fast-forward).
+
+        `cached` holds each request's KV tokens before the first of them; iteration j (1-based) reads
+        cached + j tokens per request. `last_step[i]` (default k) is the last iteration request i is in (it
+        completes there). This default asks batch_time once per iteration, so any model is exact; models
+        with a closed form override it."""
+        import numpy as np
+        base = np.asarray(cached, dtype=np.int64)
+        last = np.full(len(base), k) if last_step is None else np.asarray(last_step)
+        return np.array([self.batch_time(BatchShape(decode_context=(base[last >= j] + j).tolist()))
+                         for j in range(1, k + 1)], dtype=float)
+
 
 COSTMODELS: dict[str, Callable] = {}
 

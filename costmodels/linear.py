@@ -71,6 +71,25 @@ class LinearCostModel(CostModel):
             t += k["a_d"] * kv_read + k["s_d"] * n_decode + k["b_d"]
         return t
 
+    def decode_stretch_times(self, cached, k: int, last_step=None):
+        """Closed form of k decode-only iterations: per iteration only the batch size and KV read change.
+
+        Evaluates exactly the float operations of time_from_sums, in its order, so fast-forward reproduces
+        the step-by-step clock bit for bit."""
+        if type(self).compute_time is not LinearCostModel.compute_time or \
+                type(self).batch_time is not CostModel.batch_time:
+            return super().decode_stretch_times(cached, k, last_step)
+        cached = np.asarray(cached, dtype=np.int64)
+        last = np.full(len(cached), k) if last_step is None else np.minimum(np.asarray(last_step), k)
+        # n_j = #requests with last ≥ j, and Σ cached over them: suffix sums of per-last-step bins.
+        n = np.bincount(last, minlength=k + 1)[::-1].cumsum()[::-1][1:]
+        csum = np.bincount(last, weights=cached, minlength=k + 1)[::-1].cumsum()[::-1][1:].astype(np.int64)
+        kv_read = csum + n * np.arange(1, k + 1, dtype=np.int64)
+        c = self._k
+        nf = n.astype(float)
+        base = c["a_o"] * nf + c["b_o"] + c["step_a"] * nf + c["step_b"] + self.overhead_s
+        return base + (c["a_d"] * kv_read.astype(float) + c["s_d"] * nf + c["b_d"])
+
     # -- fitting ----------------------------------------------------------------------------------------
     @classmethod
     def fit_vidur(cls, mlp: "pd.DataFrame", attention: "pd.DataFrame", layers: int = 32, tp: int = 1,

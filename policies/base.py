@@ -76,6 +76,13 @@ class Policy:
     def schedule(self, view) -> Batch:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def steady_decode(self, view, after_full_decode: bool) -> bool:
+        """May the engine fast-forward? True promises: while no request arrives or completes and free KV only
+        shrinks, every schedule() would run the whole running set, one decode token each, changing nothing
+        else (no admission, eviction, swap, or policy state). `after_full_decode` says the iteration just
+        committed was exactly such a step with the same queues. The safe default is False."""
+        return False
+
     def on_commit(self, view, batch: Batch, batch_time_s: float) -> None:
         """Called after a batch's tokens are committed (policies that learn from completions use it)."""
 

@@ -14,6 +14,7 @@ PREEMPTIONS = ("recompute", "swap")
 UNLIMITED = 1 << 40
 
 _NEXT_CAND, _NEXT_GROUP = 0, 1
+_RUNNING = "running"   # Request.state of a request on the GPU (sim.request.RUNNING; policies do not import sim)
 
 
 def _choice(value, allowed, where):
@@ -85,6 +86,26 @@ class UnifiedScheduler(Policy):
             return f"prompt of {req.prompt_tokens} tokens exceeds the prefill budget {self.P} without chunked prefill"
         return None
 
+    # -- fast-forward ---------------------------------------------------------------------------------------
+    fast_forward_safe = False   # a subclass that changes scheduling sets True only if steady_decode still holds
+
+    def steady_decode(self, view, after_full_decode):
+        """All running requests decode and fit the token budget; queued ones either do not exist or were
+        just blocked by a cause that stays put while KV only shrinks (budget, R_max, memory, no victim)."""
+        cls = type(self)
+        if cls is not UnifiedScheduler and not cls.fast_forward_safe:
+            return False
+        if cls.on_commit is not Policy.on_commit or len(view.running) > self.C:
+            return False
+        queued = bool(view.waiting or view.swapped)
+        # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
+        if queued and (not after_full_decode or self.config.peak_admission):
+            return False
+        for r in view.running:
+            if r.cached < r.input_tokens:
+                return False
+        return True
+
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):
         k = self.config.rank_key
@@ -99,7 +120,8 @@ class UnifiedScheduler(Policy):
     def _groups(self, view):
         """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
         order = self.config.order
-        waiting = lambda: list(view.swapped) + list(view.waiting)  # noqa: E731  (swapped take precedence, vLLM v0)
+        waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
+                           else list(view.waiting))                # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
             yield list(view.running)
@@ -178,10 +200,29 @@ class UnifiedScheduler(Policy):
         batch = Batch()
         stamp = view.iteration
         st = {"preempted": False, "phase": None, "static_block": cfg.static_batching and bool(view.running)}
+        # Hot path: a running decode that fits the budget and its next block is what most candidates are;
+        # it is taken inline (same state changes as _consider) and anything else goes through _consider.
+        inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+        mem, C, hybrid = view.memory, self.C, cfg.hybrid
+        bs = mem.block_size if inline else 1
+        reqs, tokens = batch.reqs, batch.tokens
         for group in self._groups(view):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
+                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C
+                        and cand.state == _RUNNING and (hybrid or not reqs or st["phase"] is False)):
+                    extra = -(-(cand.cached + 1) // bs) - cand.blocks
+                    if extra <= 0 or mem.free_blocks >= extra:
+                        if extra > 0:
+                            mem.free_blocks -= extra
+                            cand.blocks += extra
+                        cand.sched_stamp = stamp
+                        reqs.append(cand)
+                        tokens.append(1)
+                        batch.num_tokens += 1
+                        st["phase"] = False
+                        continue
                 if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
                     break
         return batch

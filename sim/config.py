@@ -45,6 +45,7 @@ class SimSection:
     watchdog_iterations: int = 200_000  # iterations without a generated token before declaring a livelock
     keep_token_times: bool = False     # keep every token time per request (memory grows with tokens)
     record_iterations: bool = True
+    fast_forward: bool = True          # advance steady decode stretches in closed form (identical results)
 
 
 @dataclass

@@ -7,6 +7,8 @@ import simpy
 
 from costmodels.base import BatchShape
 from sim.errors import SimulationStuck
+from sim.fastforward import FastForward
+from sim.itertally import IterationTally
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.request import DONE, INFEASIBLE, RUNNING, SWAPPED, WAITING, Request
@@ -28,6 +30,10 @@ class ReplicaView:
         self.step_swap_in = 0
         self.step_swap_out = 0
         self.step_hidden_recompute = 0     # hidden-cached context tokens whose K/V a policy rebuilds this step
+        # True when reserve is plain block accounting, so a policy may inline it on its hot path.
+        self.plain_reserve = (type(memory).reserve is KVCacheManager.reserve
+                              and type(memory).blocks_for is KVCacheManager.blocks_for
+                              and type(self).reserve is ReplicaView.reserve)
 
     # -- actions ----------------------------------------------------------------------------------------------
     def reserve(self, req: Request, tokens: int) -> bool:
@@ -83,7 +89,8 @@ class Simulation:
     """One replica serving a request stream under one policy and one cost model."""
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
-                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True):
+                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
+                 fast_forward: bool = True):
         self.policy = policy
         self.costmodel = costmodel
         memory = policy.adapt_memory(memory, costmodel)   # policies with their own KV layout swap the manager
@@ -112,6 +119,9 @@ class Simulation:
                                       "running", "waiting", "kv_alloc_tokens", "kv_cached_tokens",
                                       "preemptions", "swap_in_tokens", "swap_out_tokens")}
         self._idle = None
+        self.fast_forward = FastForward(self) if fast_forward else None
+        self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
+        self.tally = None if record_iterations else IterationTally()   # summary totals without the table
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -136,6 +146,7 @@ class Simulation:
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = 0
+            arrived_at_schedule = self.arrived
             batch = policy.schedule(view)
             if not batch.reqs:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
@@ -149,19 +160,23 @@ class Simulation:
                                hidden_recompute_tokens=view.step_hidden_recompute)
             pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
             for r, c in zip(batch.reqs, batch.tokens):
-                if r.cached >= r.input_tokens:
-                    dc.append(r.cached + 1)
+                m = r.cached
+                if m >= r.input_tokens:
+                    dc.append(m + 1)
                 else:
                     pt.append(c)
-                    pc.append(r.cached)
+                    pc.append(m)
             dt = cm.batch_time(shape)
             start = env.now
             yield env.timeout(dt)
             gen_before = self.tokens_generated
+            completed_before = self.completed
             self._commit(batch, env.now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
                 self._record(start, dt, len(batch.reqs), sum(pt), len(dc))
+            else:
+                self.tally.add(len(batch.reqs), len(view.running), self.memory.used_tokens)
             if self.tokens_generated > gen_before:
                 last_progress = view.iteration
             elif view.iteration - last_progress > self.watchdog_iterations:
@@ -170,16 +185,48 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
+            if self.fast_forward is not None:
+                full_decode = (not pt and len(dc) == len(view.running) and self.completed == completed_before
+                               and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
+                before = view.iteration
+                yield from self._skip_steady(env, full_decode, arrived_at_schedule)
+                if view.iteration > before:          # every skipped iteration generated tokens
+                    last_progress = view.iteration
+                if self.max_iterations and view.iteration >= self.max_iterations:
+                    self.truncated = True
+                    return
+
+    def _skip_steady(self, env, full_decode, arrived_at_schedule):
+        """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady."""
+        ff = self.fast_forward
+        while self.completed < len(self.requests):
+            plan = ff.plan(env.now, full_decode, arrived_at_schedule)
+            if plan is None:
+                return
+            end = float(plan.ends[-1])
+            arrived_before = self.arrived
+            yield env.timeout(plan.delay_from(env.now))
+            if env.now != end:                       # land on the plain loop's clock value bit for bit
+                yield env.timeout(end - env.now)
+            if env.now != end:
+                raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
+            finished = ff.apply(plan)
+            self.fast_forward_iterations += plan.k
+            # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
+            full_decode = not finished and self.arrived == arrived_before
+            arrived_at_schedule = self.arrived
 
     def _commit(self, batch, now):
         view, keep = self.view, self.keep_token_times
         finished = False
+        generated = 0
         view.kv_cached_tokens += batch.num_tokens
         for r, c in zip(batch.reqs, batch.tokens):
-            r.cached += c
-            if r.cached >= r.input_tokens:
+            m = r.cached + c
+            r.cached = m
+            if m >= r.input_tokens:
                 r.generated += 1
-                self.tokens_generated += 1
+                generated += 1
                 if r.first_token_s is None:
                     r.first_token_s = now
                 r.token_times.append(now)
@@ -191,6 +238,7 @@ class Simulation:
                     self.completed += 1
                     finished = True
                     finalize_request(r, keep)
+        self.tokens_generated += generated
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
 

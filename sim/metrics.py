@@ -16,11 +16,28 @@ def finalize_request(r, keep_token_times: bool = False) -> None:
     times = r.token_times
     if len(times) > 1:
         gaps = np.diff(np.asarray(times))
-        r.tbt = (float(gaps.mean()), float(np.percentile(gaps, 99)), float(gaps.max()))
+        ordered = sorted(gaps.tolist())
+        r.tbt = (float(gaps.mean()), p99_sorted(ordered), ordered[-1])
     else:
         r.tbt = (NAN, NAN, NAN)
     if not keep_token_times:
         r.token_times = [times[0], times[-1]] if times else []
+
+
+def p99_sorted(x: list) -> float:
+    """np.percentile(x, 99) for a sorted list, with numpy's own float steps (same value, ~7x faster per call).
+
+    numpy's default 'linear' method: virtual index (n-1)·q, then its lerp that counts back from the upper
+    neighbour when the fraction is at least one half."""
+    n = len(x)
+    virtual = (n - 1) * 0.99
+    lo = math.floor(virtual)
+    if lo >= n - 1:
+        return x[-1]
+    frac = virtual - lo
+    a, b = x[lo], x[lo + 1]
+    diff = b - a
+    return b - diff * (1 - frac) if frac >= 0.5 else a + diff * frac
 
 
 @dataclass
@@ -88,7 +105,8 @@ def iteration_table(iters: dict) -> pd.DataFrame:
     return pd.DataFrame(iters)
 
 
-def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False) -> dict:
+def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False,
+              tally=None) -> dict:
     """Run-level metrics. Latency = makespan (InferMax A13); TPS = generated tokens / makespan."""
     done = req[req["status"] == "done"]
     n_done = len(done)
@@ -113,6 +131,8 @@ def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncat
     s["swaps"] = int(req["swaps"].sum())
     s["evicted_tokens"] = int(req["evicted_tokens"].sum())
     s["iterations"] = len(it)
+    if tally is not None and not len(it):        # per-iteration table off: the engine's running totals
+        s.update(tally.summary(capacity_tokens))
     if len(it):
         s["batch_size_mean"] = float(it["batch_size"].mean())
         s["running_mean"] = float(it["running"].mean())
@@ -141,7 +161,7 @@ class SimResult:
         slos = slos if slos is not None else getattr(sim, "slos", None)
         req = request_table(sim.all_requests, slos)
         it = iteration_table(sim.iters)
-        summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated)
+        summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:

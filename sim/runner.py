@@ -54,7 +54,7 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     s = scn.sim
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
-                     record_iterations=s.record_iterations)
+                     record_iterations=s.record_iterations, fast_forward=s.fast_forward)
     sim.slos = scn.slos()
     return sim
 

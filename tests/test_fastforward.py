@@ -1,0 +1,143 @@
+"""Exact fast-forward: the closed-form path gives the plain loop's request and iteration tables, bit for bit."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from costmodels.base import BatchShape, CostModel
+from sim.config import scenario_from_dict
+from sim.fastforward import _block_events
+from sim.metrics import p99_sorted
+from sim.runner import build_simulation, requests_from_table
+
+PRESETS = ["vllm", "sarathi", "vllm-v1", "orca", "rank-i", "lightllm", "vllm-ef", "sarathi-nohy",
+           "fastertransformer", "deepspeed-fastgen"]
+
+
+def _run(raw, table, fast_forward):
+    raw = {**raw, "sim": {**raw.get("sim", {}), "fast_forward": fast_forward}}
+    sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
+    return sim, sim.run()
+
+
+def _workload(seed, n, rate, max_prompt, max_output):
+    rng = np.random.default_rng(seed)
+    arrivals = np.zeros(n) if rate == 0 else np.cumsum(rng.exponential(1.0 / rate, size=n))
+    return pd.DataFrame({"arrival_s": arrivals, "prompt_tokens": rng.integers(1, max_prompt + 1, size=n),
+                         "output_tokens": rng.integers(1, max_output + 1, size=n)})
+
+
+def _assert_identical(raw, table):
+    plain_sim, plain = _run(raw, table, False)
+    fast_sim, fast = _run(raw, table, True)
+    pd.testing.assert_frame_equal(plain.requests, fast.requests, check_exact=True)
+    pd.testing.assert_frame_equal(plain.iterations, fast.iterations, check_exact=True)
+    assert plain.summary.keys() == fast.summary.keys()
+    assert plain_sim.fast_forward_iterations == 0
+    return fast_sim, fast
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(PRESETS), seed=st.integers(0, 10_000), n=st.integers(1, 60),
+       rate=st.sampled_from([0, 2.0, 20.0, 200.0]), M=st.sampled_from([600, 1500, 6000, 100_000]),
+       block=st.sampled_from([1, 16]), max_prompt=st.sampled_from([8, 300, 700]),
+       max_output=st.sampled_from([1, 40, 300]), swap=st.booleans())
+def test_fast_forward_matches_plain_loop(preset, seed, n, rate, M, block, max_prompt, max_output, swap):
+    policy = {"name": preset}
+    if swap:
+        policy["preemption"] = "swap"
+    raw = {"memory": {"M": M, "block_size": block, "swap_space_gib": 0.002}, "policy": policy}
+    _assert_identical(raw, _workload(seed, n, rate, max_prompt, max_output))
+
+
+@pytest.mark.parametrize("preset", ["vllm", "sarathi", "vllm-v1"])
+def test_fast_forward_skips_most_iterations_of_a_decode_heavy_run_and_keeps_invariants(preset):
+    table = _workload(3, 200, 5.0, 200, 400)
+    sim, res = _assert_identical({"memory": {"M": 8000, "block_size": 16}, "policy": {"name": preset}}, table)
+    it, req = res.iterations, res.requests
+    assert sim.fast_forward_iterations > 0.5 * len(it)       # long decode tails are skipped in closed form
+    assert (it["kv_alloc_tokens"] <= sim.memory.capacity_tokens).all()
+    assert (it["kv_cached_tokens"] <= it["kv_alloc_tokens"]).all()
+    assert np.all(np.diff(it["start_s"]) > 0)
+    ends = (it["start_s"] + it["duration_s"]).to_numpy()
+    assert np.all(it["start_s"].to_numpy()[1:] >= ends[:-1])     # one GPU: iterations never overlap
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert res.summary["generated_tokens"] == int(table["output_tokens"].sum())
+
+
+def test_fast_forward_respects_max_iterations_and_watchdog_counts_skipped_progress():
+    table = _workload(1, 20, 0, 50, 300)
+    raw = {"memory": {"M": 100_000, "block_size": 16}, "policy": {"name": "vllm"}, "sim": {"max_iterations": 77}}
+    sim, res = _assert_identical(raw, table)
+    assert res.summary["truncated"] and len(res.iterations) == 77 and sim.view.iteration == 77
+
+
+def test_cost_model_without_closed_form_is_asked_per_iteration():
+    """A cost model that only implements compute_time still fast-forwards exactly (default hook)."""
+    class MaxContext(CostModel):
+        def compute_time(self, shape: BatchShape) -> float:
+            ctx = shape.decode_context + shape.prefill_context
+            return 1e-3 + 1e-6 * sum(shape.prefill_tokens) + 1e-7 * (max(ctx) if ctx else 0) * len(ctx)
+
+    table = _workload(5, 30, 10.0, 100, 200)
+    out = []
+    for ff in (False, True):
+        sim = build_simulation(scenario_from_dict({"memory": {"M": 5000, "block_size": 16}, "policy": {"name": "sarathi"},
+                                                   "sim": {"fast_forward": ff}}), requests_from_table(table))
+        sim.costmodel = MaxContext()
+        sim.view.costmodel = sim.costmodel
+        out.append((sim, sim.run()))
+    pd.testing.assert_frame_equal(out[0][1].requests, out[1][1].requests, check_exact=True)
+    pd.testing.assert_frame_equal(out[0][1].iterations, out[1][1].iterations, check_exact=True)
+    assert out[1][0].fast_forward_iterations > 0
+
+
+def test_linear_closed_form_equals_batch_time_bit_for_bit():
+    sim = build_simulation(scenario_from_dict({}), requests_from_table(_workload(0, 1, 0, 1, 1)))
+    cm = sim.costmodel
+    cached = np.array([5, 900, 33, 4096, 1])
+    got = cm.decode_stretch_times(cached, 50)
+    want = [cm.batch_time(BatchShape(decode_context=[int(c) + j for c in cached])) for j in range(1, 51)]
+    assert got.tolist() == want
+    last = np.array([50, 3, 17, 50, 1])        # requests leave the batch after their last step
+    got = cm.decode_stretch_times(cached, 50, last_step=last)
+    want = [cm.batch_time(BatchShape(decode_context=[int(c) + j for c, l in zip(cached, last) if j <= l]))
+            for j in range(1, 51)]
+    assert got.tolist() == want
+
+
+def test_block_events_match_a_brute_force_count():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        bs = int(rng.choice([1, 4, 16]))
+        n = int(rng.integers(1, 12))
+        slack = rng.integers(0, 40, size=n)
+        k = int(rng.integers(1, 80))
+        last = rng.integers(1, k + 1, size=n)
+        need = lambda s, j: math.ceil(max(0, j - s) / bs)   # noqa: E731  (blocks taken by step j)
+        brute = [sum(need(s, j) - need(s, j - 1) for s, l in zip(slack, last) if j <= l) for j in range(1, k + 1)]
+        assert _block_events(slack, last, bs, k).tolist() == brute
+
+
+def test_p99_helper_is_numpys_percentile():
+    rng = np.random.default_rng(1)
+    for n in list(range(1, 40)) + [101, 257, 999]:
+        x = np.diff(np.cumsum(rng.random(n + 1) * rng.choice([1e-3, 1.0])))
+        assert p99_sorted(sorted(x.tolist())) == float(np.percentile(x, 99))
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_summary_without_iteration_table_matches_the_table(fast_forward):
+    table = _workload(7, 120, 8.0, 400, 300)
+    raw = {"memory": {"M": 6000, "block_size": 16}, "policy": {"name": "sarathi"},
+           "sim": {"fast_forward": fast_forward}}
+    _, full = _run(raw, table, fast_forward)
+    _, lean = _run({**raw, "sim": {**raw["sim"], "record_iterations": False}}, table, fast_forward)
+    assert len(lean.iterations) == 0
+    pd.testing.assert_frame_equal(full.requests, lean.requests, check_exact=True)
+    for key in ("iterations", "kv_util_max"):
+        assert lean.summary[key] == full.summary[key]
+    for key in ("batch_size_mean", "running_mean", "kv_util_mean"):
+        assert lean.summary[key] == pytest.approx(full.summary[key], rel=1e-12)
