@@ -40,5 +40,7 @@ def run_recorded(policy_spec, specs, M, block_size=1, cost=None, **memkw):
         return b
 
     policy.schedule = schedule
-    sim = Simulation(make_requests(specs), policy, cost or TokenCost(), KVCacheManager(M, block_size, **memkw))
+    # The plain loop: fast-forward skips schedule() calls (tests/test_fastforward.py proves the tables equal).
+    sim = Simulation(make_requests(specs), policy, cost or TokenCost(), KVCacheManager(M, block_size, **memkw),
+                     fast_forward=False)
     return sim.run(), batches
