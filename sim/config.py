@@ -175,10 +175,11 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     return scn
 
 
-def load_scenario(path, overrides=()) -> Scenario:
+def read_yaml_mapping(path, what: str = "file") -> dict:
+    """A YAML file whose top level is a mapping; one clear line (with the line number) when it is not."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path}: scenario file does not exist")
+        raise UserError(f"{path}: {what} does not exist")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -187,6 +188,12 @@ def load_scenario(path, overrides=()) -> Scenario:
         raise UserError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: top level must be a mapping of sections")
+    return raw
+
+
+def load_scenario(path, overrides=()) -> Scenario:
+    path = Path(path)
+    raw = read_yaml_mapping(path, "scenario file")
     try:
         return scenario_from_dict(raw, overrides, str(path))
     except UserError as e:

@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from costmodels.errors import UserError
-from sim.config import apply_overrides, scenario_from_dict
+from sim.config import apply_overrides, read_yaml_mapping, scenario_from_dict
 from sim.executors import run_tasks
 
 # Leading columns of a results table; the axes and the run metrics follow.
@@ -102,17 +102,7 @@ def set_field(raw: dict, key: str, value, where: str) -> None:
 
 
 def _read_yaml(path: Path) -> dict:
-    if not path.exists():
-        raise UserError(f"{path}: file does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: top level must be a mapping")
-    return raw
+    return read_yaml_mapping(path)
 
 
 SWEEP_KEYS = ("name", "scenario", "set", "grid")
