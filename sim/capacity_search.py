@@ -1,6 +1,7 @@
-"""Effective throughput: the highest request rate whose SLO attainment still meets a target (bisection)."""
+"""Effective throughput of a scenario file: the capacity search of sim.capacity, with runs shared between targets."""
 from __future__ import annotations
 
+from sim.capacity import search_capacity
 from sim.config import load_scenario, scenario_from_dict
 from sim.runner import run_scenario
 
@@ -14,35 +15,15 @@ def attainment_at(scn_or_path, rate: float, overrides=(), rate_key: str = "workl
 
 def effective_throughput(scn_or_path, target: float, overrides=(), lo: float = 0.25, hi: float = 64.0,
                          rel_tol: float = 0.04, cache: dict | None = None) -> float:
-    """Largest rate r (within rel_tol) with attainment(r) >= target, assuming attainment falls with rate.
+    """Highest rate (within rel_tol) whose attainment meets `target`; 0 if even `lo` misses it.
 
-    Doubles from `lo` until a rate fails, then bisects. Returns 0 if even `lo` fails. `cache` (rate →
-    attainment) lets one search reuse the runs of another (e.g. the 90% and 60% searches of one policy)."""
+    `cache` (rate → attainment) lets the 90% and 60% searches of one policy reuse each other's runs."""
     cache = {} if cache is None else cache
 
-    def att(r):
-        r = round(r, 4)
-        if r not in cache:
-            cache[r] = attainment_at(scn_or_path, r, overrides)
-        return cache[r]
+    def evaluate(rate):
+        key = round(rate, 6)
+        if key not in cache:
+            cache[key] = attainment_at(scn_or_path, rate, overrides)
+        return cache[key]
 
-    if att(lo) < target:
-        return 0.0
-    good, bad = lo, None
-    r = lo
-    while r < hi:
-        r *= 2
-        if att(r) >= target:
-            good = r
-        else:
-            bad = r
-            break
-    if bad is None:
-        return good
-    while (bad - good) / good > rel_tol:
-        mid = (good * bad) ** 0.5
-        if att(mid) >= target:
-            good = mid
-        else:
-            bad = mid
-    return good
+    return search_capacity(evaluate, target, lo, rate_min=lo, rate_max=hi, rel_tol=rel_tol).capacity_rps
