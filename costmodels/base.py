@@ -24,6 +24,8 @@ class BatchShape:
     swap_out_tokens: int = 0
     hidden_recompute_tokens: int = 0   # Apt-Serve: hidden-cached tokens whose K/V is recomputed this step
     dequant_tokens: int = 0            # ALISE: INT8 KV tokens dequantized this step
+    swap_hidden_tokens: int = 0        # KV moved over PCIe in the background, overlapped with this step's compute
+    kv_bits: int = 16                  # bits per stored KV element: scales swap volume (quantized KV moves fewer bytes)
 
     @property
     def num_tokens(self) -> int:
@@ -56,9 +58,21 @@ class CostModel:
     def batch_time(self, shape: BatchShape) -> float:
         """Seconds for the whole iteration: compute plus swap traffic that is not hidden."""
         t = self.compute_time(shape)
+        scale = shape.kv_bits / 16.0
         if shape.swap_in_tokens or shape.swap_out_tokens:
-            t += self.swap_time(shape.swap_in_tokens) + self.swap_time(shape.swap_out_tokens)
+            t += self.swap_time(shape.swap_in_tokens * scale) + self.swap_time(shape.swap_out_tokens * scale)
+        if shape.dequant_tokens:
+            t += self.dequant_time(shape.dequant_tokens)
+        if shape.swap_hidden_tokens:       # background copies cost only the part the compute does not cover
+            t += max(0.0, self.swap_time(shape.swap_hidden_tokens * scale) - t)
         return t
+
+    def dequant_time(self, tokens: int) -> float:
+        """Seconds to dequantize `tokens` INT8 KV entries to FP16: one extra FP16-sized HBM pass (read INT8 +
+        write FP16 ≈ 1.5 INT8 reads, rounded up to a full FP16 read). The ALISE paper gives no figure."""
+        if tokens <= 0 or self.gpu is None:
+            return 0.0
+        return tokens * self.kv_bytes_per_token / self.gpu.hbm_bytes_per_s
 
 
 COSTMODELS: dict[str, Callable] = {}

@@ -1,5 +1,6 @@
 """Scheduling policies: the InferMax unified family (presets) and the seed systems, behind one registry."""
 from policies.base import Batch, Policy, POLICIES, register_policy, build_policy
 from policies import unified as _unified  # noqa: F401  (registers the presets)
+from policies import econoserve as _econoserve  # noqa: F401  (registers econoserve and its ablations)
 
 __all__ = ["Batch", "Policy", "POLICIES", "register_policy", "build_policy"]
