@@ -64,6 +64,7 @@ class EconoServe(Policy):
         pipe_buffer_base: str = "level"     # b relative to the level's region ('level') or the host's RL ('host')
         pipe_hosted_count: str = "figure"   # hosted GTs per host at level k: 2^(k-1) ('figure') or 2^k ('text')
         pipe_max_depth: int = 4
+        gt_queue_cap_frac: float = 0.25     # new PTs wait while queued GTs + partial PTs hold this share of M
         rl_group_granularity: int = 32      # GTs whose padded predicted RL round to the same multiple form a group
         slo_scale: float = 2.0              # JCT SLO = slo_scale · (t_p + t_g · predicted RL) for ordering
         deadline_edges_s: tuple = (0.2, 0.5, 2.0, 8.0, 32.0, 128.0)
@@ -359,7 +360,11 @@ class EconoServe(Policy):
             still.append(r)
         self.partial = still
         heap = self.pt_heap
-        while budget > 0 and heap:
+        # Prompts admitted now become GTs that wait for generation KV while holding their prompt KV; capping that
+        # backlog keeps the GT queue admissible (the paper's reserve replenishment is unspecified, ambiguity 10).
+        backlog = sum(r.blocks for r in self.q_g) + sum(r.blocks for r in self.partial)
+        cap = self.config.gt_queue_cap_frac * self.mem.total_blocks
+        while budget > 0 and heap and backlog < cap:
             _, _, r = heap[0]
             if r.state != WAITING or r.meta.role != PT or r.sched_stamp == stamp:
                 heapq.heappop(heap)
@@ -373,6 +378,7 @@ class EconoServe(Policy):
             r.sched_stamp = stamp
             batch.add(r, chunk, True)
             budget -= chunk
+            backlog += r.blocks
             if r.cached + chunk < r.input_tokens:
                 self.partial.append(r)
         for r in self._defer:
