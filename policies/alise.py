@@ -110,7 +110,8 @@ class Alise(Policy):
                 j.boosted = True                           # virtual aging: promote a starving job
                 self.stats["promotions"] += 1
             rem = self.remaining_time(r)
-            j.prio = (self.level(r, rem), rem, r.arrival_s, r.id)
+            # a promoted job goes ahead of the whole top queue; otherwise SRTF within the queue
+            j.prio = (self.level(r, rem), not j.boosted, rem, r.arrival_s, r.id)
 
     def schedule(self, view) -> Batch:
         c = self.config
@@ -189,7 +190,7 @@ class Alise(Policy):
         K = self.config.aging_s
         ahead, ewt = 0.0, []
         for r in jobs:                                     # jobs are in priority order
-            rem = r.meta.prio[1]
+            rem = r.meta.prio[2]
             promote = max(0.0, K - (view.now - r.meta.last_run_s)) if K and not r.meta.boosted else math.inf
             ewt.append((min(ahead, promote), r.meta.prio, r))
             ahead += rem
