@@ -58,6 +58,7 @@ class EconoServe(Policy):
         tfs_tokens: int = 0                 # target forward size; 0 = the cost model's throughput knee
         decouple: bool = True               # separate PT and GT queues (False: PTs wait for KV like GTs' groups)
         synced: bool = True                 # GT groups admitted only when a group completes (or none runs)
+        admit_on_any_release: bool = False  # also admit when any GT finishes and frees KV (ambiguity 13)
         ordering: bool = True               # three-level deadline / occupied KV / length order (False: FCFS)
         kvcpipe: bool = True                # lend allocated-but-unwritten KV to shorter GTs
         pipe_buffer_frac: float = 0.15      # b: hosted GT's predicted RL ≤ region − b (15/15/10 %)
@@ -209,8 +210,7 @@ class EconoServe(Policy):
         if self.mem.blocks_for(need) <= r.blocks:
             return True
         if view.reserve(r, need):                  # under-provisioned: extend from the reserved pool
-            self.stats["reserve_extensions"] += 1
-            t.failed = True
+            self.stats["reserve_extensions"] += 1     # absorbed by the reserve: not an allocation failure
             return True
         self._stop(view, r, "offload_free_stops")
         return False
@@ -412,6 +412,8 @@ class EconoServe(Policy):
                     self.stats["hosted_done"] += 1
                 self.ledger.settle(r, self._alive)
                 self._leave_group(r)
+                if self.config.admit_on_any_release:
+                    self.trigger = True
             elif t.role == PT and r.cached >= r.input_tokens:   # prompt done: the request becomes a GT
                 self._to_queue(r, self._padded(t.pred) - r.generated)
 
