@@ -64,11 +64,13 @@ def main(quick=False):
     rate = 8 if not quick else 6
     for pad in (0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50):
         m = run(scenario("sharegpt", "econoserve-sd (SyncDecoupled)", rate, n, padding=pad))
-        from policies.predictors import provisioning_report  # noqa: E402  (documentation of what is measured)
         m.update(padding=pad, rate=rate)
         out["padding_sweep"].append(m)
         st = m["policy_stats"]
+        pv = m["provisioning"]
         print(f"padding {pad:.2f}: JCT {m['jct_mean_s']:.2f} s  NL {m['normalized_latency_s']*1e3:.1f} ms/tok  "
+              f"under-provisioned {pv['under_provisioned_requests_pct']:.0f}% of requests  "
+              f"over/under {pv['over_provision_pct']:.1f}/{pv['under_provision_pct']:.1f}% of allocation  "
               f"stops {st['offload_free_stops']}  reserve-ext {st['reserve_extensions']}  "
               f"KV alloc/written {m['kv_allocated_util']:.2f}/{m['kv_written_util']:.2f}", flush=True)
     print("wrote", write("econoserve", out))

@@ -47,6 +47,12 @@ def run(raw: dict) -> dict:
         "forward_size_mean": float((it.prefill_tokens + it.decode_tokens).mean()),
         "evictions": int(s["evictions"]), "swaps": int(s["swaps"]), "wall_s": time.perf_counter() - t0,
     }
+    allocs = [(r.output_tokens, r.meta.first_alloc) for r in sim.requests
+              if getattr(r.meta, "first_alloc", None) is not None]
+    if allocs:                                # EconoServe's Fig 4c / 5a metrics on the GT allocations it made
+        from policies.predictors import provisioning_report
+        t, a = zip(*allocs)
+        out["provisioning"] = provisioning_report(t, a)
     if hasattr(sim.policy, "stats"):
         out["policy_stats"] = {k: v for k, v in sim.policy.stats.items() if not isinstance(v, list)}
         sizes = sim.policy.stats.get("group_sizes")
