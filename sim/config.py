@@ -121,9 +121,11 @@ def _from_dict(cls, d, where):
         raise UserError(f"{where}: expected a mapping, got {d!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    bad = sorted(set(d) - set(fields))
+    public = [f for f in fields if f != "source"]
+    bad = sorted(set(d) - set(public))
     if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; allowed: {', '.join(fields)}")
+        raise UserError(f"{where + ': ' if where else ''}unknown key(s) {', '.join(map(str, bad))}; "
+                        f"allowed: {', '.join(public)}")
     kw = {}
     for k, v in d.items():
         t = hints[k]

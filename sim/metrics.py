@@ -152,7 +152,14 @@ class SimResult:
         for name, df in (("requests", self.requests), ("iterations", self.iterations),
                          ("summary", pd.DataFrame([self.summary]))):
             p = out / f"{name}.{'parquet' if fmt == 'parquet' else 'csv'}"
-            df.to_parquet(p, index=False) if fmt == "parquet" else df.to_csv(p, index=False)
+            if fmt == "parquet":
+                try:
+                    df.to_parquet(p, index=False)
+                except ImportError:
+                    from costmodels.errors import UserError
+                    raise UserError("--format parquet needs pyarrow: pip install 'servesim[parquet]'") from None
+            else:
+                df.to_csv(p, index=False)
             paths.append(p)
         return paths
 

@@ -40,9 +40,10 @@ def validate_requests(df: pd.DataFrame, where: str) -> pd.DataFrame:
         v = df[col].to_numpy()
         bad = np.flatnonzero(~(v >= 1))
         if len(bad):
-            raise UserError(f"{where}: row {int(bad[0])}: {col} = {v[bad[0]]!r}; lengths must be integers >= 1")
+            value = v[bad[0]].item() if hasattr(v[bad[0]], "item") else v[bad[0]]
+            raise UserError(f"{where}: row {int(bad[0])}: {col} = {value!r}; lengths must be integers >= 1")
     a = df["arrival_s"].to_numpy(float)
     bad = np.flatnonzero(~(a >= 0))
     if len(bad):
-        raise UserError(f"{where}: row {int(bad[0])}: arrival_s = {a[bad[0]]!r}; must be >= 0")
+        raise UserError(f"{where}: row {int(bad[0])}: arrival_s = {float(a[bad[0]])!r}; must be >= 0")
     return df.reset_index(drop=True)

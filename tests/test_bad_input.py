@@ -1,0 +1,93 @@
+"""User mistakes get one clear line naming the field/row and what is allowed; never a traceback or a hang."""
+import subprocess
+import sys
+
+import pytest
+
+from costmodels.errors import UserError
+from sim.config import load_scenario, scenario_from_dict
+from sim.runner import run_scenario
+from tests.helpers import run_recorded
+
+
+def _run(raw, *overrides):
+    return run_scenario(scenario_from_dict(raw, overrides))
+
+
+def test_unknown_policy_lists_valid_names():
+    with pytest.raises(UserError, match=r"policy.name: unknown policy 'vlm'; allowed: .*sarathi.*vllm"):
+        _run({"policy": {"name": "vlm"}})
+
+
+def test_unknown_knob_lists_valid_knobs():
+    with pytest.raises(UserError, match=r"unknown knob\(s\) chunk_size .*allowed: .*R_max"):
+        _run({"policy": {"name": "sarathi", "chunk_size": 512}})
+
+
+def test_bad_knob_value():
+    with pytest.raises(UserError, match=r"policy.order: 'sideways' is not allowed; allowed: prefill_first"):
+        _run({"policy": {"name": "vllm", "order": "sideways"}})
+
+
+def test_unknown_yaml_key_and_section_key(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("polcy: {name: vllm}\n")
+    with pytest.raises(UserError, match=r"s.yaml: unknown key\(s\) polcy; allowed: name, seed, model"):
+        load_scenario(p)
+    with pytest.raises(UserError, match=r"memory: unknown key\(s\) size; allowed: M, block_size"):
+        scenario_from_dict({"memory": {"size": 3}})
+
+
+def test_wrong_types_and_bad_override():
+    with pytest.raises(UserError, match=r"memory.block_size: expected an integer, got 'big'"):
+        scenario_from_dict({}, ["memory.block_size=big"])
+    with pytest.raises(UserError, match=r"expected KEY=VALUE"):
+        scenario_from_dict({}, ["policy.name"])
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("policy:\n  name: [vllm\n")
+    with pytest.raises(UserError, match=r"broken.yaml: line \d+ is not valid YAML"):
+        load_scenario(p)
+
+
+def test_nonpositive_lengths_rejected_with_row():
+    with pytest.raises(UserError, match=r"row 0: prompt_tokens = 0; lengths must be integers >= 1"):
+        _run({"workload": {"kind": "offline", "num_requests": 3, "prompt": 0, "output": 4}})
+
+
+def test_request_larger_than_memory_is_reported_infeasible_not_looped():
+    res, _ = run_recorded({"name": "vllm"}, [(50, 10), (5, 3), (8, 60)], M=40)
+    r = res.requests.set_index("id")
+    assert r.loc[0, "status"] == "infeasible" and "exceed KV capacity M = 40" in r.loc[0, "reason"]
+    assert r.loc[2, "status"] == "infeasible"         # I+O-1 = 67 > 40: would evict/refill forever
+    assert r.loc[1, "status"] == "done" and res.summary["infeasible"] == 2
+
+
+def test_eviction_free_infeasible_when_peak_exceeds_m():
+    res, _ = run_recorded({"name": "vllm-ef"}, [(20, 30)], M=45)
+    assert res.requests.status[0] == "infeasible"
+
+
+def test_cli_prints_one_line_and_exit_2(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("policy: {name: nope}\n")
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(p)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servesim: error:") and "allowed:" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_stuck_policy_raises_clear_error():
+    """A configuration that can never admit (the admission watermark leaves too little room) is caught at run time."""
+    from policies import build_policy
+    from sim.engine import Simulation
+    from sim.errors import SimulationStuck
+    from sim.memory import KVCacheManager
+    from tests.helpers import TokenCost, make_requests
+    pol = build_policy({"name": "vllm"})
+    sim = Simulation(make_requests([(60, 2)]), pol, TokenCost(), KVCacheManager(100, 1, watermark=0.5))
+    with pytest.raises(SimulationStuck, match=r"scheduled nothing and no request is due; 1 waiting"):
+        sim.run()
