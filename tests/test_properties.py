@@ -1,4 +1,6 @@
 """Invariants over random workloads × every preset × M: exact token counts, KV ≤ M, nothing lost, determinism."""
+import dataclasses
+
 import numpy as np
 import pandas as pd
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -18,8 +20,10 @@ workloads = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 60), st.float
 
 
 def simulate(policy_name, specs, M, block_size, preemption="recompute", **knobs):
-    spec = {"name": policy_name, **knobs}
-    if "swap" == preemption and POLICIES[policy_name][1].get("evict_for_running", True):
+    cls, preset, _ = POLICIES[policy_name]
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
+    spec = {"name": policy_name, **{k: v for k, v in knobs.items() if k in fields}}   # knobs the policy has
+    if "swap" == preemption and "preemption" in fields and preset.get("evict_for_running", True):
         spec["preemption"] = "swap"
     reqs = [Request(i, a, p, o) for i, (p, o, a) in enumerate(specs)]
     mem = KVCacheManager(M, block_size, swap_capacity_tokens=10 * M)
