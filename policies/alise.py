@@ -10,7 +10,7 @@ import numpy as np
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
-from sim.request import RUNNING, SWAPPED, WAITING
+from policies.length_aware import RUNNING, SWAPPED, WAITING
 
 MEMORY_POLICIES = ("swap", "defer", "recompute")
 

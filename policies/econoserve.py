@@ -11,9 +11,8 @@ import numpy as np
 
 from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
-from policies.length_aware import decode_step_time_s, prefill_time_s, target_forward_size
-from sim.kv_lending import LoanLedger
-from sim.request import RUNNING, SWAPPED, WAITING
+from policies.length_aware import (RUNNING, SWAPPED, WAITING, decode_step_time_s, prefill_time_s,
+                                   target_forward_size)
 
 PT, GT = "pt", "gt"
 
@@ -91,7 +90,8 @@ class EconoServe(Policy):
 
     # -- setup ------------------------------------------------------------------------------------------------
     def bind(self, view):
-        c = self.config
+        from sim.kv_lending import LoanLedger   # the memory mechanism lives with the KV manager (imported late: sim
+        c = self.config                         # imports policies, so policies must not import sim at load time)
         self.mem = view.memory
         self.ledger = LoanLedger(view.memory)
         self.tfs = c.tfs_tokens or target_forward_size(view.costmodel)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from costmodels.base import BatchShape
 
+# Request states as sim.request names them (policies sit below sim and do not import it).
+WAITING, RUNNING, SWAPPED = "waiting", "running", "swapped"
+
 
 def prefill_time_s(costmodel, prompt_tokens: int) -> float:
     """One prompt prefilled alone (EconoServe's t_p, ALISE's T_pre)."""
