@@ -139,7 +139,20 @@ class Alise(Policy):
                 deferring = True                           # Defer: no new job enters while memory is full
                 self.stats["deferred_steps"] += 1
         if c.memory_policy == "swap":
-            self._dynamic_swapping(view, jobs, stamp)
+            uploaded = self._dynamic_swapping(view, jobs, stamp)
+            if not batch.reqs and uploaded:            # nothing to hide the copies behind: wait for them, then run
+                view.step_swap_in += view.step_swap_hidden
+                view.step_swap_hidden = 0
+                for r in uploaded:
+                    if len(batch) >= c.max_batch or batch.num_tokens >= c.max_batch_tokens:
+                        break
+                    prefill = r.cached < r.input_tokens
+                    tokens = min(r.input_tokens - r.cached, c.max_batch_tokens - batch.num_tokens) if prefill else 1
+                    if view.reserve(r, r.cached + tokens):
+                        r.meta.ready_iter = stamp
+                        r.sched_stamp = stamp
+                        r.meta.last_run_s = view.now
+                        batch.add(r, tokens, prefill)
         return batch
 
     # -- memory management ----------------------------------------------------------------------------------------
@@ -196,7 +209,7 @@ class Alise(Policy):
             ahead += rem
         ewt.sort(key=lambda x: (x[0], x[1]))
         budget = self.config.gpu_set_frac * self.mem.total_blocks
-        used = 0
+        used, uploaded = 0, []
         for _, _, r in ewt:
             if r.state == WAITING:
                 continue
@@ -208,12 +221,14 @@ class Alise(Policy):
                     if view.swap_in(r, r.cached + 1):
                         r.meta.ready_iter = stamp + 1     # usable once the upload has finished
                         self.stats["uploads"] += 1
+                        uploaded.append(r)
                         if self.config.swap_overlap:
                             moved = view.step_swap_in - before
                             view.step_swap_in -= moved
                             view.step_swap_hidden += moved
             elif r.state == RUNNING and r.sched_stamp != stamp:
                 self._evict(view, r, stamp, urgent=False)
+        return uploaded
 
 
 _A = "ALISE"
