@@ -11,7 +11,7 @@ import sys
 from benchmarks.length_aware_common import run, sustainable_rate, write
 
 SETUPS = {   # dataset: (M in FP16 tokens, rates)
-    "alpaca": (4096, [20, 40, 60, 80, 100, 120]),
+    "alpaca": (4096, [20, 40, 60, 80, 100, 120, 160, 200]),
     "sharegpt": (16384, [2, 4, 6, 8, 10, 12]),
 }
 INT8 = {"kv_quant_bits": 8}

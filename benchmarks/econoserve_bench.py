@@ -11,7 +11,7 @@ from benchmarks.length_aware_common import run, sustainable_rate, write
 
 SETUPS = {   # dataset: (M tokens, padding, reserve, pipe buffer b, rates)  — paper §5 defaults per dataset
     "sharegpt": (24576, 0.15, 0.03, 0.15, [2, 4, 6, 8, 10, 12]),
-    "alpaca": (4096, 0.10, 0.012, 0.15, [10, 20, 30, 40, 50, 60]),
+    "alpaca": (4096, 0.10, 0.012, 0.15, [10, 20, 30, 40, 50, 60, 80, 100]),
 }
 POLICIES = {
     "econoserve": lambda pad, res, b: {"name": "econoserve", "padding": pad, "reserved_frac": res, "pipe_buffer_frac": b},
