@@ -50,8 +50,8 @@ def test_invariants_every_preset(specs, M, block, preemption):
         assert (done.first_token_s >= done.arrival_s).all() and (done.completion_s >= done.first_token_s).all()
         if name.endswith("-ef") or name in ("orca", "fastertransformer"):
             assert req.evictions.sum() == 0 and req.swaps.sum() == 0, name
-        if preemption == "recompute":
-            assert req.swaps.sum() == 0
+        if preemption == "recompute" and "preemption" in {f.name for f in dataclasses.fields(POLICIES[name][0].Config)}:
+            assert req.swaps.sum() == 0        # (policies without the knob, e.g. ALISE, swap by design)
 
 
 @settings(max_examples=5, deadline=None)
