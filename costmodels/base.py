@@ -37,13 +37,19 @@ class CostModel:
     `fit(...)` where it applies, and `batch_time(shape)` as the prediction."""
 
     kind = "base"
+    # Fractions of peak that the memory-side kernels reach. Hidden-cache K/V rebuild is a GEMM at about 200 of
+    # 312 TFLOP/s on an A100 (Apt-Serve spec §2.3); INT8 dequantization is a streaming read/write (round figure).
+    recompute_compute_eff = 0.64
+    stream_memory_eff = 0.8
 
-    def __init__(self, model=None, gpu=None, kv_bytes_per_token: float | None = None, tp: int = 1):
+    def __init__(self, model=None, gpu=None, kv_bytes_per_token: float | None = None, tp: int = 1,
+                 kv_dtype: str | None = None):
         self.model = model
         self.gpu = gpu
         self.tp = tp
+        self.kv_dtype = kv_dtype
         if kv_bytes_per_token is None and model is not None:
-            kv_bytes_per_token = model.kv_bytes_per_token() / tp
+            kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype, tp)
         self.kv_bytes_per_token = kv_bytes_per_token or 0.0
 
     def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface
@@ -55,24 +61,42 @@ class CostModel:
             return 0.0
         return self.gpu.pcie_latency_s + tokens * self.kv_bytes_per_token / self.gpu.pcie_bytes_per_s
 
-    def batch_time(self, shape: BatchShape) -> float:
-        """Seconds for the whole iteration: compute plus swap traffic that is not hidden."""
-        t = self.compute_time(shape)
-        scale = shape.kv_bits / 16.0
-        if shape.swap_in_tokens or shape.swap_out_tokens:
-            t += self.swap_time(shape.swap_in_tokens * scale) + self.swap_time(shape.swap_out_tokens * scale)
-        if shape.dequant_tokens:
-            t += self.dequant_time(shape.dequant_tokens)
-        if shape.swap_hidden_tokens:       # background copies cost only the part the compute does not cover
-            t += max(0.0, self.swap_time(shape.swap_hidden_tokens * scale) - t)
-        return t
+    def hidden_recompute_time(self, tokens: int) -> float:
+        """Seconds to rebuild K and V of `tokens` hidden-cached tokens in every layer (Apt-Serve): a
+        K/V projection GEMM, compute- or memory-bound, whichever is slower."""
+        if tokens <= 0 or self.gpu is None or self.model is None:
+            return 0.0
+        flops = tokens * self.model.kv_proj_flops_per_token(self.tp)
+        nbytes = tokens * (self.model.hidden_bytes_per_token(tp=self.tp) + self.model.kv_bytes_per_token(tp=self.tp))
+        return max(flops / (self.gpu.peak_flops * self.recompute_compute_eff),
+                   nbytes / (self.gpu.hbm_bytes_per_s * self.stream_memory_eff))
 
     def dequant_time(self, tokens: int) -> float:
-        """Seconds to dequantize `tokens` INT8 KV entries to FP16: one extra FP16-sized HBM pass (read INT8 +
-        write FP16 ≈ 1.5 INT8 reads, rounded up to a full FP16 read). The ALISE paper gives no figure."""
-        if tokens <= 0 or self.gpu is None:
+        """Seconds to dequantize `tokens` INT8 KV entries to fp16 (ALISE): read 1 byte, write 2 per element."""
+        if tokens <= 0 or self.gpu is None or self.model is None:
             return 0.0
-        return tokens * self.kv_bytes_per_token / self.gpu.hbm_bytes_per_s
+        nbytes = tokens * (self.model.kv_bytes_per_token("int8", self.tp) + self.model.kv_bytes_per_token(None, self.tp))
+        return nbytes / (self.gpu.hbm_bytes_per_s * self.stream_memory_eff)
+
+    def memory_time(self, shape: BatchShape) -> float:
+        """Seconds the research policies' memory actions add to an iteration: swap traffic over PCIe in each
+        direction, hidden-cache K/V recomputation and INT8 KV dequantization. Charged by every kind."""
+        t = 0.0
+        scale = shape.kv_bits / 16.0       # quantized KV (memory.kv_quant_bits) moves fewer bytes
+        if shape.swap_in_tokens or shape.swap_out_tokens:
+            t += self.swap_time(shape.swap_in_tokens * scale) + self.swap_time(shape.swap_out_tokens * scale)
+        if shape.hidden_recompute_tokens:
+            t += self.hidden_recompute_time(shape.hidden_recompute_tokens)
+        if shape.dequant_tokens:
+            t += self.dequant_time(shape.dequant_tokens)
+        return t
+
+    def batch_time(self, shape: BatchShape) -> float:
+        """Seconds for the whole iteration: compute plus the memory actions that are not hidden."""
+        t = self.compute_time(shape) + self.memory_time(shape)
+        if shape.swap_hidden_tokens:       # background copies (ALISE) cost only the part the step does not cover
+            t += max(0.0, self.swap_time(shape.swap_hidden_tokens * shape.kv_bits / 16.0) - t)
+        return t
 
 
 COSTMODELS: dict[str, Callable] = {}

@@ -9,6 +9,13 @@ from costmodels.errors import UserError
 GiB = 1024 ** 3
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+TP_DEGREES = (1, 2, 4, 8)
+
+
+def _dtype_bytes(dtype: str) -> float:
+    if dtype not in DTYPE_BYTES:
+        raise UserError(f"dtype: {dtype!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,18 @@ class GPU:
     pcie_bytes_per_s: float      # host link, one direction
     nvlink_bytes_per_s: float    # per-GPU interconnect, one direction (0 = none)
     pcie_latency_s: float = 10e-6
+    nvlink_latency_s: float = 8e-6  # per all-reduce step, launch plus hop (NCCL small-message regime)
+
+    def link_bytes_per_s(self) -> float:
+        """The link tensor-parallel shards talk over: NVLink where the part has it, else PCIe."""
+        return self.nvlink_bytes_per_s or self.pcie_bytes_per_s
+
+    def allreduce_time_s(self, nbytes: float, tp: int) -> float:
+        """Ring all-reduce of `nbytes` over `tp` GPUs: 2(tp−1)/tp of the data crosses each link, in 2(tp−1) steps."""
+        if tp <= 1 or nbytes <= 0:
+            return 0.0
+        steps = 2 * (tp - 1)
+        return steps * self.nvlink_latency_s + (steps / tp) * nbytes / self.link_bytes_per_s()
 
 
 @dataclass(frozen=True)
@@ -52,13 +71,41 @@ class ModelSpec:
     def weight_bytes(self, dtype: str | None = None) -> float:
         return self.params() * DTYPE_BYTES[dtype or self.dtype]
 
-    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
-        """K and V for every layer: 2 · layers · kv_heads · head_dim · bytes (GQA-aware)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype or self.dtype]
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """KV heads one tensor-parallel shard holds; vLLM replicates KV heads when tp exceeds their number."""
+        return max(1, -(-self.kv_heads // tp))
 
-    def hidden_bytes_per_token(self, dtype: str | None = None) -> float:
+    def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1) -> float:
+        """K and V for every layer: 2 · layers · kv_heads · head_dim · bytes (GQA-aware); per GPU when tp > 1.
+        INT8 KV adds its per-channel scale and zero point only per block, which is negligible per token."""
+        return 2 * self.layers * self.kv_heads_per_gpu(tp) * self.head_dim * _dtype_bytes(kv_dtype or self.dtype)
+
+    def hidden_bytes_per_token(self, dtype: str | None = None, tp: int = 1) -> float:
         """Apt-Serve's hidden cache: one hidden vector per layer. Not smaller than KV for GQA models."""
-        return self.layers * self.hidden * DTYPE_BYTES[dtype or self.dtype]
+        return self.layers * self.hidden * _dtype_bytes(dtype or self.dtype) / tp
+
+    def kv_proj_flops_per_token(self, tp: int = 1) -> float:
+        """FLOPs to rebuild one token's K and V in every layer from its hidden state (Apt-Serve restore)."""
+        return 2.0 * self.layers * self.hidden * 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+
+    def activation_reserve_bytes(self, max_batched_tokens: int = 4096, tp: int = 1) -> float:
+        """Peak transient memory of one forward pass over `max_batched_tokens` (what vLLM's profiling run
+        reserves): the widest per-token intermediates live at once (residual, normed input, QKV, attention
+        output, gated-MLP up/gate and product) plus fp32 logits for one sampled token per 256 batched tokens
+        (at least one), as a round estimate rather than a measurement."""
+        b = DTYPE_BYTES[self.dtype]
+        qkv = self.hidden / tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * self.ffn / tp
+        per_token = (3 * self.hidden + qkv + mlp) * b
+        logits = max(1, max_batched_tokens // 256) * self.vocab * 4
+        return max_batched_tokens * per_token + logits
+
+    def check_tp(self, tp: int, where: str = "hardware.tp") -> None:
+        """Tensor parallelism splits heads and FFN evenly: tp must be 1, 2, 4 or 8 and divide both."""
+        if tp not in TP_DEGREES:
+            raise UserError(f"{where}: tensor-parallel degree {tp} is not supported; allowed: 1, 2, 4, 8")
+        if self.heads % tp or self.ffn % tp:
+            raise UserError(f"{where}: {self.name} has {self.heads} heads and FFN {self.ffn}, not divisible by tp={tp}")
 
 
 GPUS = {g.name: g for g in [
@@ -83,6 +130,8 @@ MODELS = {m.name: m for m in [
     ModelSpec("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, gated_mlp=False, tied_embeddings=True),
     ModelSpec("opt-30b", 48, 7168, 56, 56, 28672, 50272, 2048, gated_mlp=False, tied_embeddings=True),
     ModelSpec("opt-66b", 64, 9216, 72, 72, 36864, 50272, 2048, gated_mlp=False, tied_embeddings=True),
+    # Not a real model: Llama-shaped and small enough to profile on a CPU in the test suite.
+    ModelSpec("tiny-llama", 2, 256, 4, 2, 688, 1024, 2048),
 ]}
 
 
@@ -104,8 +153,9 @@ def get_model(name: str, where: str = "model.name") -> ModelSpec:
 def kv_capacity_tokens(model: ModelSpec, gpu: GPU, gpu_memory_utilization: float = 0.9, tp: int = 1,
                        activation_reserve_bytes: float = 0.0, kv_dtype: str | None = None) -> int:
     """M = (GPU memory × utilization − weights − activation reserve) / KV bytes per token, per TP shard."""
+    model.check_tp(tp)
     free = gpu.mem_bytes * gpu_memory_utilization - model.weight_bytes() / tp - activation_reserve_bytes
-    per_token = model.kv_bytes_per_token(kv_dtype) / tp
+    per_token = model.kv_bytes_per_token(kv_dtype, tp)
     if free <= 0:
         raise UserError(f"memory: {model.name} weights ({model.weight_bytes() / GiB / tp:.1f} GiB per GPU) do not fit "
                         f"in {gpu.name} at utilization {gpu_memory_utilization}; raise hardware.tp or pick a larger GPU")

@@ -146,9 +146,19 @@ def default_profile_path(gpu_name: str, model_name: str, kind: str = "linear") -
     return PROFILES_DIR / gpu_name / f"{model_name}-{kind}.yaml"
 
 
+def resolve_profile_path(path) -> Path:
+    """A fitted-model path from a scenario: as given (relative to the cwd) if it exists, else relative to
+    the repository (so `profiles/a100-80gb/...` works from anywhere). Kept here so costmodels needs no sim."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    q = PROFILES_DIR.parent / p
+    return q if q.exists() else p
+
+
 @register_costmodel("linear")
 def _build_linear(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> LinearCostModel:
-    allowed = {"path", "coefficients", "features", "overhead_s"}
+    allowed = {"path", "coefficients", "features", "overhead_s", "kv_dtype"}
     bad = set(spec) - allowed
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))} for kind 'linear'; allowed: "
@@ -157,13 +167,21 @@ def _build_linear(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel")
               model=model, gpu=gpu, tp=tp)
     layers = model.layers if model is not None else 32
     if spec.get("coefficients"):
-        return LinearCostModel(spec["coefficients"], layers=layers, **kw)
+        return _with_kv_dtype(LinearCostModel(spec["coefficients"], layers=layers, **kw), spec.get("kv_dtype"))
     path = spec.get("path") or default_profile_path(gpu.name if gpu else "a100-80gb",
                                                     model.name if model else "llama-2-7b")
     if not Path(path).exists():
         raise UserError(f"{where}.path: no fitted linear profile at {path}; fit one with `servesim calibrate` "
                         f"or give costmodel.coefficients")
     lm = LinearCostModel.load(path, layers=layers, **kw)
+    return _with_kv_dtype(lm, spec.get("kv_dtype"))
+
+
+def _with_kv_dtype(lm: LinearCostModel, kv_dtype):
+    """Swap and dequantization terms move KV of this dtype (e.g. int8 halves swap traffic)."""
+    if kv_dtype and lm.model is not None:
+        lm.kv_dtype = kv_dtype
+        lm.kv_bytes_per_token = lm.model.kv_bytes_per_token(kv_dtype, lm.tp)
     return lm
 
 

@@ -5,3 +5,5 @@ from policies import econoserve as _econoserve  # noqa: F401  (registers econose
 from policies import alise as _alise  # noqa: F401  (registers alise and its memory-policy strawmen)
 
 __all__ = ["Batch", "Policy", "POLICIES", "register_policy", "build_policy"]
+from policies import aptserve as _aptserve  # noqa: F401,E402  (registers aptserve, aptserve-kv, -fcfs, -decay, -s)
+from policies import bros as _bros  # noqa: F401,E402  (registers bros, bros-nobi, bros-rr)

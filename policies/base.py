@@ -69,6 +69,10 @@ class Policy:
             return f"prompt+output-1 = {need} tokens exceed KV capacity M = {capacity_tokens}"
         return None
 
+    def adapt_memory(self, memory, costmodel):
+        """Return the KV manager this policy runs on (default: the one given; Apt-Serve and BROS replace it)."""
+        return memory
+
     def schedule(self, view) -> Batch:  # pragma: no cover - interface
         raise NotImplementedError
 

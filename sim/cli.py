@@ -9,7 +9,13 @@ import sys
 from costmodels.errors import UserError
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
-PLUGINS: list[str] = []
+PLUGINS: list[str] = [
+    "traces.cli",
+    "sim.sweep",
+    "sim.capacity",
+    "sim.plots",
+    "costmodels.cli",
+]
 
 
 def _fmt(v):
@@ -40,7 +46,7 @@ def cmd_run(args) -> int:
     from sim.config import load_scenario
     from sim.runner import run_scenario
     scn = load_scenario(args.scenario, args.set)
-    res = run_scenario(scn)
+    res = run_scenario(scn, progress=args.progress)
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]
         print(f"warning: {len(ids)} request(s) can never complete and were not run (ids {ids[:5]}"
@@ -72,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any scenario field, e.g. --set policy.name=sarathi --set memory.M=100000")
     r.add_argument("--out", help="directory for requests/iterations/summary tables")
     r.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar of completed requests with ETA (default: on when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("policies", help="list the named policies, one line each")
     pl.set_defaults(func=cmd_policies)

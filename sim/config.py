@@ -65,13 +65,15 @@ class Scenario:
 
     def slos(self) -> dict:
         """Per-class SLO objects: top-level targets are the 'default' class; `classes:` adds others."""
+        from traces.slo_presets import expand_slo_preset  # `preset: NAME` names paper SLOs
         raw = dict(self.slo or {})
         classes = raw.pop("classes", {}) or {}
+        raw = expand_slo_preset(raw, "slo")
         out = {}
         if raw:
             out["default"] = _from_dict(SLO, raw, "slo")
         for name, d in classes.items():
-            out[name] = _from_dict(SLO, d or {}, f"slo.classes.{name}")
+            out[name] = _from_dict(SLO, expand_slo_preset(d, f"slo.classes.{name}"), f"slo.classes.{name}")
         return out
 
     def to_dict(self) -> dict:

@@ -27,6 +27,7 @@ class ReplicaView:
         self.step_preemptions = 0
         self.step_swap_in = 0
         self.step_swap_out = 0
+        self.step_hidden_recompute = 0     # hidden-cached context tokens whose K/V a policy rebuilds this step
         self.step_swap_hidden = 0          # swap tokens a policy moved in the background (overlapped with compute)
 
     # -- actions ----------------------------------------------------------------------------------------------
@@ -86,6 +87,7 @@ class Simulation:
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True):
         self.policy = policy
         self.costmodel = costmodel
+        memory = policy.adapt_memory(memory, costmodel)   # policies with their own KV layout swap the manager
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
         self.max_iterations = max_iterations
@@ -134,6 +136,7 @@ class Simulation:
             view.now = env.now
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            view.step_hidden_recompute = 0
             view.step_swap_hidden = 0
             batch = policy.schedule(view)
             if not batch.reqs:
@@ -144,7 +147,8 @@ class Simulation:
                     yield self._idle
                     self._idle = None
                 continue
-            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out)
+            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                               hidden_recompute_tokens=view.step_hidden_recompute)
             pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
             for r, c in zip(batch.reqs, batch.tokens):
                 if r.cached >= r.input_tokens:

@@ -40,7 +40,10 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
     M = capacity_tokens(scn, model, gpu)
-    cm = build_costmodel(scn.costmodel, model, gpu, scn.hardware.tp)
+    cm_spec = dict(scn.costmodel)
+    if scn.memory.kv_dtype and "kv_dtype" not in cm_spec:   # quantized KV is paid for in swap/dequant time too
+        cm_spec["kv_dtype"] = scn.memory.kv_dtype
+    cm = build_costmodel(cm_spec, model, gpu, scn.hardware.tp)
     policy = build_policy(scn.policy)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
@@ -59,10 +62,17 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     return sim
 
 
-def run_scenario(scn: Scenario, requests=None) -> SimResult:
+def run_scenario(scn: Scenario, requests=None, progress: bool | None = False) -> SimResult:
+    """Run one scenario; `progress` shows a completed-requests bar (None: only when stderr is a terminal)."""
     t0 = time.perf_counter()
     sim = build_simulation(scn, requests)
+    bar = None
+    if progress is not False:
+        from sim.progress import attach_run_progress
+        bar = attach_run_progress(sim, enabled=progress)
     res = sim.run()
+    if bar is not None:
+        bar.close()
     res.meta.update(scenario=scn.name, policy=scn.policy.get("name"), M=sim.memory.capacity_tokens,
                     wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
                     infeasible_reasons=sorted({r.reason for r in sim.infeasible}))

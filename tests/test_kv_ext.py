@@ -35,7 +35,7 @@ def test_dequantization_and_halved_swaps_are_charged():
     plain = BatchShape(decode_context=[1000] * 8)
     quant = BatchShape(decode_context=[1000] * 8, dequant_tokens=8000, kv_bits=8)
     extra = cm.batch_time(quant) - cm.batch_time(plain)
-    assert extra == pytest.approx(8000 * kv / cm.gpu.hbm_bytes_per_s)
+    assert extra == pytest.approx(cm.dequant_time(8000)) and extra > 0
     s16 = cm.batch_time(BatchShape(decode_context=[10], swap_out_tokens=10000)) - cm.batch_time(plain) * 0
     s8 = cm.batch_time(BatchShape(decode_context=[10], swap_out_tokens=10000, kv_bits=8))
     base = cm.batch_time(BatchShape(decode_context=[10]))

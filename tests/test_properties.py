@@ -1,6 +1,4 @@
 """Invariants over random workloads × every preset × M: exact token counts, KV ≤ M, nothing lost, determinism."""
-import dataclasses
-
 import numpy as np
 import pandas as pd
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -8,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from costmodels import get_gpu, get_model
 from costmodels.linear import LinearCostModel, default_profile_path
 from policies import POLICIES, build_policy
+from policies.unified import UnifiedScheduler
 from sim.engine import Simulation
 from sim.memory import KVCacheManager
 from sim.request import Request
@@ -19,12 +18,14 @@ _CM = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), mode
 workloads = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 60), st.floats(0, 2.0)), min_size=1, max_size=25)
 
 
-def simulate(policy_name, specs, M, block_size, preemption="recompute", **knobs):
+def simulate(policy_name, specs, M, block_size, preemption="recompute", **unified_knobs):
+    """Run one policy; knobs of the unified family (swap preemption, max_model_len) reach only its presets."""
     cls, preset, _ = POLICIES[policy_name]
-    fields = {f.name for f in dataclasses.fields(cls.Config)}
-    spec = {"name": policy_name, **{k: v for k, v in knobs.items() if k in fields}}   # knobs the policy has
-    if "swap" == preemption and "preemption" in fields and preset.get("evict_for_running", True):
-        spec["preemption"] = "swap"
+    spec = {"name": policy_name}
+    if cls is UnifiedScheduler:
+        spec.update(unified_knobs)
+        if preemption == "swap" and preset.get("evict_for_running", True):
+            spec["preemption"] = "swap"
     reqs = [Request(i, a, p, o) for i, (p, o, a) in enumerate(specs)]
     mem = KVCacheManager(M, block_size, swap_capacity_tokens=10 * M)
     return Simulation(reqs, build_policy(spec), _CM, mem).run()
@@ -50,8 +51,8 @@ def test_invariants_every_preset(specs, M, block, preemption):
         assert (done.first_token_s >= done.arrival_s).all() and (done.completion_s >= done.first_token_s).all()
         if name.endswith("-ef") or name in ("orca", "fastertransformer"):
             assert req.evictions.sum() == 0 and req.swaps.sum() == 0, name
-        if preemption == "recompute" and "preemption" in {f.name for f in dataclasses.fields(POLICIES[name][0].Config)}:
-            assert req.swaps.sum() == 0        # (policies without the knob, e.g. ALISE, swap by design)
+        if preemption == "recompute" and POLICIES[name][0] is UnifiedScheduler:
+            assert req.swaps.sum() == 0
 
 
 @settings(max_examples=5, deadline=None)

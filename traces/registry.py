@@ -25,10 +25,15 @@ def register_workload(kind: str):
 def build_workload(spec: dict, rng: np.random.Generator, where: str = "workload") -> pd.DataFrame:
     spec = dict(spec or {})
     kind = spec.pop("kind", None)
+    predictor = spec.pop("predictor", None)
     if kind not in WORKLOADS:
         raise UserError(f"{where}.kind: unknown workload {kind!r}; allowed: {', '.join(sorted(WORKLOADS))}")
-    df = WORKLOADS[kind](spec, rng, where)
-    return validate_requests(df, where)
+    df = validate_requests(WORKLOADS[kind](spec, rng, where), where)
+    if predictor is not None:
+        # Drawn after the workload, so choosing a predictor never changes the requests themselves.
+        from traces.predictors import predict_lengths
+        df["predicted_output_tokens"] = predict_lengths(predictor, df, rng, f"{where}.predictor")
+    return df
 
 
 def validate_requests(df: pd.DataFrame, where: str) -> pd.DataFrame:

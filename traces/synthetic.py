@@ -1,61 +1,74 @@
-"""Synthetic workloads: offline batches (all at t=0) and Poisson arrivals, with fixed or uniform lengths."""
+"""Synthetic workloads: an arrival process (offline, Poisson, Gamma, constant, on/off) times length generators."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from costmodels.errors import UserError
+from traces.arrivals import PROCESSES, draw_arrivals
+from traces.lengths import draw_lengths  # noqa: F401  (re-exported: older code imports it from here)
 from traces.registry import register_workload
 
-
-def draw_lengths(spec, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
-    """A length spec is an int (fixed) or {dist: fixed|uniform, ...}."""
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        return np.full(n, int(spec), dtype=np.int64)
-    if not isinstance(spec, dict):
-        raise UserError(f"{where}: expected an integer or a mapping with 'dist', got {spec!r}")
-    dist = spec.get("dist", "fixed")
-    if dist == "fixed":
-        return np.full(n, int(_need(spec, "value", where)), dtype=np.int64)
-    if dist == "uniform":
-        lo, hi = int(_need(spec, "low", where)), int(_need(spec, "high", where))
-        if lo > hi:
-            raise UserError(f"{where}: uniform low={lo} > high={hi}")
-        return rng.integers(lo, hi + 1, size=n)
-    raise UserError(f"{where}.dist: unknown length distribution {dist!r}; allowed: fixed, uniform")
-
-
-def _need(spec, key, where):
-    if key not in spec:
-        raise UserError(f"{where}: missing {key!r}")
-    return spec[key]
+LENGTH_KEYS = ("num_requests", "prompt", "output", "lengths_from", "cls")
 
 
 def _check_keys(spec, allowed, where):
     bad = set(spec) - set(allowed)
     if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: kind, {', '.join(allowed)}")
+        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: kind, predictor, "
+                        f"{', '.join(allowed)}")
 
 
-@register_workload("offline")
-def offline(spec, rng, where):
-    """All requests at t = 0 (InferMax's offline snapshot)."""
-    _check_keys(spec, ("num_requests", "prompt", "output"), where)
-    n = int(spec.get("num_requests", 1024))
-    return pd.DataFrame({"arrival_s": np.zeros(n),
-                         "prompt_tokens": draw_lengths(spec.get("prompt", 128), n, rng, f"{where}.prompt"),
-                         "output_tokens": draw_lengths(spec.get("output", 128), n, rng, f"{where}.output")})
+def requests_table(arrivals, spec, rng, where) -> pd.DataFrame:
+    """Lengths for the given arrivals: `prompt`/`output` generators, or (prompt, output) pairs resampled jointly
+    from a trace (`lengths_from`), which keeps the trace's input/output correlation."""
+    n = len(arrivals)
+    if spec.get("lengths_from") is not None:
+        if "prompt" in spec or "output" in spec:
+            raise UserError(f"{where}: give either lengths_from or prompt/output, not both")
+        from traces.loaders import load_trace
+        src = spec["lengths_from"]
+        if not isinstance(src, dict):
+            raise UserError(f"{where}.lengths_from: expected a mapping like {{path: FILE, format: azure}}")
+        trace = load_trace(where=f"{where}.lengths_from", **src)
+        pick = rng.integers(0, len(trace), size=n)
+        prompt, output = (trace[c].to_numpy()[pick] for c in ("prompt_tokens", "output_tokens"))
+    else:
+        prompt = draw_lengths(spec.get("prompt", 128), n, rng, f"{where}.prompt")
+        output = draw_lengths(spec.get("output", 128), n, rng, f"{where}.output")
+    df = pd.DataFrame({"arrival_s": arrivals, "prompt_tokens": prompt, "output_tokens": output})
+    if spec.get("cls") is not None:
+        df["cls"] = str(spec["cls"])
+    return df
 
 
-@register_workload("poisson")
-def poisson(spec, rng, where):
-    """Poisson arrivals at `rate` requests/s (exponential gaps, not clipped)."""
-    _check_keys(spec, ("num_requests", "rate", "prompt", "output"), where)
-    n = int(spec.get("num_requests", 1000))
-    rate = float(_need(spec, "rate", where))
-    if rate <= 0:
-        raise UserError(f"{where}.rate: must be > 0 requests/s, got {rate}")
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=n))
-    return pd.DataFrame({"arrival_s": arrivals,
-                         "prompt_tokens": draw_lengths(spec.get("prompt", 128), n, rng, f"{where}.prompt"),
-                         "output_tokens": draw_lengths(spec.get("output", 128), n, rng, f"{where}.output")})
+def _count(spec, where, default):
+    n = spec.get("num_requests", default)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UserError(f"{where}.num_requests: expected an integer >= 1, got {n!r}")
+    return n
+
+
+@register_workload("synthetic")
+def synthetic(spec, rng, where):
+    """`arrival: {process: ..., knobs}` plus lengths; the general form of the per-process kinds below."""
+    _check_keys(spec, LENGTH_KEYS + ("arrival",), where)
+    n = _count(spec, where, 1000)
+    arrivals = draw_arrivals(spec.get("arrival") or {"process": "poisson", "rate": 1.0}, n, rng, f"{where}.arrival")
+    return requests_table(arrivals, spec, rng, where)
+
+
+def _process_kind(process: str, default_n: int):
+    keys = PROCESSES[process][1]
+
+    def build(spec, rng, where):
+        _check_keys(spec, LENGTH_KEYS + keys, where)
+        n = _count(spec, where, default_n)
+        arrivals = draw_arrivals({"process": process, **{k: spec[k] for k in keys if k in spec}}, n, rng, where)
+        return requests_table(arrivals, spec, rng, where)
+    build.__doc__ = f"{process} arrivals ({PROCESSES[process][0].__doc__.splitlines()[0]}) with generated lengths."
+    return build
+
+
+# `kind: poisson` with rate, prompt, output (and the other processes the same way, knobs at the top level).
+for _name in PROCESSES:
+    register_workload(_name)(_process_kind(_name, 1024 if _name == "offline" else 1000))

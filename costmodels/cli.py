@@ -1,0 +1,63 @@
+"""`servesim calibrate` (fit a cost model to profiles) and `servesim profile` (run the GPU/CPU profiler harness)."""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    c = sub.add_parser("calibrate", help="fit a cost model to kernel-timing profiles and report held-out error")
+    c.add_argument("profiles", nargs="+", help="harness CSV(s), Vidur mlp.csv/attention*.csv, or a Vidur folder")
+    c.add_argument("--model", required=True, help="model name in the catalog (e.g. llama-2-7b)")
+    c.add_argument("--gpu", required=True, help="GPU name in the catalog (e.g. a100-80gb)")
+    c.add_argument("--kind", choices=("linear", "roofline", "profiled"), default="profiled")
+    c.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the profiled rows (Vidur files)")
+    c.add_argument("--test-frac", type=float, default=0.25, help="fraction of configurations held out")
+    c.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    c.add_argument("--stat", default="median", choices=("median", "mean", "min"), help="Vidur statistic to use")
+    c.add_argument("-o", "--out", help="write the fitted model YAML here (default: profiles/<gpu>/<model>-<kind>.yaml)")
+    c.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("profile", help="time a model's operators on this machine and write a profile CSV")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--model", default="llama-2-7b", help="model name in the catalog (random weights, no downloads)")
+    p.add_argument("--out", required=True, help="CSV to write")
+    p.add_argument("--tp", type=int, default=1, help="profile one tensor-parallel shard of this degree")
+    p.add_argument("--max-tokens", type=int, default=None, help="largest token count / context (default by device)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median kept)")
+    p.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
+                   help="numpy runs on CPU without PyTorch; auto picks torch when installed")
+    p.add_argument("--quick", action="store_true", help="a small grid (CI, smoke tests)")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_calibrate(args) -> int:
+    from costmodels import get_gpu, get_model
+    from costmodels.calibrate import calibrate
+    from costmodels.linear import default_profile_path
+    model, gpu = get_model(args.model, "--model"), get_gpu(args.gpu, "--gpu")
+    cm, errs = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
+                         seed=args.seed, stat=args.stat)
+    out = args.out or default_profile_path(gpu.name, model.name, args.kind)
+    cm.save(out)
+    print(f"{args.kind} model for {model.name} on {gpu.name} (tp={args.tp}); held-out error "
+          f"({args.test_frac:.0%} of configurations, seed {args.seed}):")
+    print(format_errors(errs))
+    print(f"wrote {out}")
+    return 0
+
+
+def format_errors(errs) -> str:
+    w = max(len(str(s)) for s in errs["what"]) if len(errs) else 10
+    lines = [f"  {'operator / whole':<{w}}  {'n':>5}  {'MAPE%':>7}  {'p90%':>7}  {'max%':>7}  {'bias%':>7}"]
+    for _, r in errs.iterrows():
+        lines.append(f"  {r['what']:<{w}}  {r['n']:>5}  {r['mape_pct']:>7.2f}  {r['p90_ape_pct']:>7.2f}  "
+                     f"{r['max_ape_pct']:>7.2f}  {r['bias_pct']:>7.2f}")
+    return "\n".join(lines)
+
+
+def cmd_profile(args) -> int:
+    from profiles.harness import run_profile
+    n = run_profile(args.model, args.device, args.out, tp=args.tp, max_tokens=args.max_tokens,
+                    repeats=args.repeats, backend=args.backend, quick=args.quick, log=sys.stderr)
+    print(f"wrote {n} rows to {args.out}")
+    return 0

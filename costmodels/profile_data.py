@@ -1,0 +1,169 @@
+"""Kernel-timing tables: the harness CSV format, the Vidur CSVs, validation, and conversion to batch shapes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from costmodels.base import BatchShape
+from costmodels.errors import UserError
+from costmodels.operators import ATTN_OPS, LAYER_OPS
+
+# One row = one timed operator on one batch shape, time in ms (per layer for layer/attention ops, per
+# iteration for `emb`; `layer_forward` is one whole decoder layer on a mixed batch, for validation).
+#   prefill: "c:k;c:k" chunk:cached-context per prefill request;  decode: "m;m;..." KV tokens read per request
+REQUIRED = ("op", "num_tokens", "prefill", "decode", "time_ms")
+KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb", "layer_forward")
+VIDUR_MLP_OPS = LAYER_OPS + ("emb",)
+
+
+def read_profiles(paths, tp: int = 1, stat: str = "median") -> pd.DataFrame:
+    """Read and concatenate profile files of either format into the harness table, validated."""
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():  # a Vidur folder: mlp.csv + attention*.csv
+            files = sorted(p.glob("mlp.csv")) + sorted(p.glob("attention*.csv"))
+            if not files:
+                raise UserError(f"{p}: folder has no mlp.csv or attention*.csv")
+            frames += [read_profile(f, tp, stat) for f in files]
+        else:
+            frames.append(read_profile(p, tp, stat))
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_profile(path, tp: int = 1, stat: str = "median") -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: profile file does not exist")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    if "op" in df.columns or not any(c.startswith("time_stats.") for c in df.columns):
+        out = _validate_harness(df, path)
+    elif "num_tokens" in df.columns:
+        out = _from_vidur_mlp(df, path, tp, stat)
+    else:
+        out = _from_vidur_attention(df, path, tp, stat)
+    out["source"] = path.name
+    return out
+
+
+def _validate_harness(df: pd.DataFrame, path) -> pd.DataFrame:
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; a harness profile needs "
+                        f"{', '.join(REQUIRED)} (or give Vidur's mlp.csv / attention.csv)")
+    df = df.copy()
+    for col in ("prefill", "decode"):   # empty cells read back as NaN
+        df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
+    bad_op = ~df["op"].isin(KNOWN_OPS)
+    if bad_op.any():
+        i = int(np.argmax(bad_op.to_numpy()))
+        raise UserError(f"{path}: row {i + 2}: unknown op {df['op'].iloc[i]!r}; allowed: {', '.join(KNOWN_OPS)}")
+    _check_positive(df, "time_ms", path)
+    _check_positive(df, "num_tokens", path)
+    for i, (pf, dc) in enumerate(zip(df["prefill"], df["decode"])):
+        try:
+            parse_prefill(pf), parse_decode(dc)
+        except ValueError:
+            raise UserError(f"{path}: row {i + 2}: prefill must look like 'c:k;c:k' and decode like 'm;m', "
+                            f"got {pf!r} / {dc!r}") from None
+    return df
+
+
+def _check_positive(df, col, path):
+    v = pd.to_numeric(df[col], errors="coerce")
+    bad = ~(v > 0) | ~np.isfinite(v)
+    if bad.any():
+        i = int(np.argmax(bad.to_numpy()))
+        raise UserError(f"{path}: row {i + 2}: {col} must be a positive number, got {df[col].iloc[i]!r}")
+    df[col] = v
+
+
+def _stat_col(df, op, stat, path):
+    col = f"time_stats.{op}.{stat}"
+    if col not in df.columns:
+        raise UserError(f"{path}: missing column {col} (Vidur format needs time_stats.<op>.{stat})")
+    return col
+
+
+def _tp_rows(df, tp, path):
+    if "num_tensor_parallel_workers" not in df.columns:
+        raise UserError(f"{path}: missing column num_tensor_parallel_workers (Vidur format)")
+    d = df[df["num_tensor_parallel_workers"] == tp]
+    if d.empty:
+        raise UserError(f"{path}: no rows for num_tensor_parallel_workers={tp}; "
+                        f"present: {sorted(df['num_tensor_parallel_workers'].unique().tolist())}")
+    return d
+
+
+def _from_vidur_mlp(df, path, tp, stat) -> pd.DataFrame:
+    d = _tp_rows(df, tp, path)
+    rows = []
+    for op in VIDUR_MLP_OPS:
+        col = _stat_col(d, op, stat, path)
+        rows.append(pd.DataFrame({"op": op, "num_tokens": d["num_tokens"].to_numpy(), "prefill": "", "decode": "",
+                                  "time_ms": d[col].to_numpy(float)}))
+    out = pd.concat(rows, ignore_index=True)
+    _check_positive(out, "time_ms", path)
+    return out
+
+
+def _from_vidur_attention(df, path, tp, stat) -> pd.DataFrame:
+    need = ("batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill")
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected a Vidur mlp.csv or attention.csv")
+    d = _tp_rows(df, tp, path) if "num_tensor_parallel_workers" in df.columns else df
+    reshape = sum(d[c].fillna(0.0).to_numpy(float) for op in ("attn_input_reshape", "attn_output_reshape")
+                  if (c := f"time_stats.{op}.{stat}") in d.columns)
+    pre = d["is_prefill"].astype(str).str.lower().isin(("true", "1")).to_numpy()
+    t_pre = d[_stat_col(d, "attn_prefill", stat, path)].to_numpy(float)
+    t_dec = d[_stat_col(d, "attn_decode", stat, path)].to_numpy(float)
+    b, c, k = (d[x].to_numpy(int) for x in ("batch_size", "prefill_chunk_size", "kv_cache_size"))
+    rows = []
+    for i in range(len(d)):
+        if pre[i]:  # Vidur profiles prefill as `batch_size` identical requests
+            rows.append(("attn_prefill", b[i] * c[i], ";".join([f"{c[i]}:{k[i]}"] * b[i]), "", t_pre[i] + reshape[i]))
+        else:       # kv_cache_size = cached tokens; the step reads them plus the new one
+            rows.append(("attn_decode", b[i], "", ";".join([str(k[i] + 1)] * b[i]), t_dec[i] + reshape[i]))
+    out = pd.DataFrame(rows, columns=list(REQUIRED))
+    _check_positive(out, "time_ms", path)
+    return out
+
+
+def parse_prefill(s: str):
+    """'c:k;c:k' -> ([c, c], [k, k])."""
+    if not s:
+        return [], []
+    pairs = [p.split(":") for p in str(s).split(";")]
+    return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
+
+
+def parse_decode(s: str):
+    return [int(m) for m in str(s).split(";")] if s else []
+
+
+def format_prefill(chunks, contexts) -> str:
+    return ";".join(f"{int(c)}:{int(k)}" for c, k in zip(chunks, contexts))
+
+
+def format_decode(contexts) -> str:
+    return ";".join(str(int(m)) for m in contexts)
+
+
+def row_shape(row) -> BatchShape:
+    """The batch shape one profile row timed (dense-op rows: num_tokens tokens of one prefill)."""
+    chunks, ctx = parse_prefill(row["prefill"])
+    dec = parse_decode(row["decode"])
+    if not chunks and not dec:
+        chunks, ctx = [int(row["num_tokens"])], [0]
+    return BatchShape(prefill_tokens=chunks, prefill_context=ctx, decode_context=dec)
+
+
+def config_key(row) -> str:
+    """Rows that timed the same configuration share a key, so a train/test split never leaks repeats."""
+    return f"{row['op'] if row['op'] in ATTN_OPS + ('layer_forward',) else 'dense'}|{row['num_tokens']}|{row['prefill']}|{row['decode']}"
