@@ -24,6 +24,8 @@ class BatchShape:
     swap_out_tokens: int = 0
     hidden_recompute_tokens: int = 0   # Apt-Serve: hidden-cached tokens whose K/V is recomputed this step
     dequant_tokens: int = 0            # ALISE: INT8 KV tokens dequantized this step
+    swap_hidden_tokens: int = 0        # KV moved over PCIe in the background, overlapped with this step's compute
+    kv_bits: int = 16                  # bits per stored KV element: scales swap volume (quantized KV moves fewer bytes)
 
     @property
     def num_tokens(self) -> int:
@@ -80,8 +82,9 @@ class CostModel:
         """Seconds the research policies' memory actions add to an iteration: swap traffic over PCIe in each
         direction, hidden-cache K/V recomputation and INT8 KV dequantization. Charged by every kind."""
         t = 0.0
+        scale = shape.kv_bits / 16.0       # quantized KV (memory.kv_quant_bits) moves fewer bytes
         if shape.swap_in_tokens or shape.swap_out_tokens:
-            t += self.swap_time(shape.swap_in_tokens) + self.swap_time(shape.swap_out_tokens)
+            t += self.swap_time(shape.swap_in_tokens * scale) + self.swap_time(shape.swap_out_tokens * scale)
         if shape.hidden_recompute_tokens:
             t += self.hidden_recompute_time(shape.hidden_recompute_tokens)
         if shape.dequant_tokens:
@@ -90,7 +93,10 @@ class CostModel:
 
     def batch_time(self, shape: BatchShape) -> float:
         """Seconds for the whole iteration: compute plus the memory actions that are not hidden."""
-        return self.compute_time(shape) + self.memory_time(shape)
+        t = self.compute_time(shape) + self.memory_time(shape)
+        if shape.swap_hidden_tokens:       # background copies (ALISE) cost only the part the step does not cover
+            t += max(0.0, self.swap_time(shape.swap_hidden_tokens * shape.kv_bits / 16.0) - t)
+        return t
 
     def decode_stretch_times(self, cached, k: int, last_step=None):
         """Batch times of k decode-only iterations of the same requests (fast-forward).

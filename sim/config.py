@@ -36,6 +36,7 @@ class MemorySection:
     swap_space_gib: float = 4.0
     activation_reserve_gib: float = 0.0
     kv_dtype: typing.Optional[str] = None
+    kv_quant_bits: int = 16            # store KV quantized (8 = INT8, ALISE): M holds 16/bits × tokens; reads pay dequant
 
 
 @dataclass

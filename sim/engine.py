@@ -34,6 +34,7 @@ class ReplicaView:
         self.plain_reserve = (type(memory).reserve is KVCacheManager.reserve
                               and type(memory).blocks_for is KVCacheManager.blocks_for
                               and type(self).reserve is ReplicaView.reserve)
+        self.step_swap_hidden = 0          # swap tokens a policy moved in the background (overlapped with compute)
 
     # -- actions ----------------------------------------------------------------------------------------------
     def reserve(self, req: Request, tokens: int) -> bool:
@@ -147,6 +148,7 @@ class Simulation:
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = 0
             arrived_at_schedule = self.arrived
+            view.step_swap_hidden = 0
             batch = policy.schedule(view)
             if not batch.reqs:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
@@ -166,6 +168,11 @@ class Simulation:
                 else:
                     pt.append(c)
                     pc.append(m)
+            shape.swap_hidden_tokens = view.step_swap_hidden
+            kv_bits = getattr(self.memory, "kv_bits", 16)
+            if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
+                shape.kv_bits = kv_bits
+                shape.dequant_tokens = sum(dc) + sum(pc)
             dt = cm.batch_time(shape)
             start = env.now
             yield env.timeout(dt)

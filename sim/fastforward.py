@@ -51,6 +51,8 @@ class FastForward:
         running = view.running
         if not running or sim.arrived != arrived_at_schedule:
             return None
+        if getattr(mem, "kv_bits", 16) < 16:
+            return None     # quantized KV adds a dequantization charge the closed-form stretch does not carry
         if mem.free_blocks * mem.block_size < 2 * len(running):
             return None     # KV nearly full: at most a step or two fit, cheaper to take them the plain way
         if not sim.policy.steady_decode(view, after_full_decode):

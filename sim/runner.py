@@ -51,6 +51,9 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     kv_per_token = model.kv_bytes_per_token(scn.memory.kv_dtype) / scn.hardware.tp
     memory = KVCacheManager(M, scn.memory.block_size, scn.memory.watermark,
                             int(scn.memory.swap_space_gib * GiB / kv_per_token))
+    if scn.memory.kv_quant_bits != 16:
+        from sim.kv_quant import quantize_kv
+        quantize_kv(memory, scn.memory.kv_quant_bits, kv_dtype=scn.memory.kv_dtype)
     s = scn.sim
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,

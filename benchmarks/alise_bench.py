@@ -1,0 +1,77 @@
+"""ALISE vs vLLM and ORCA at equal normalized-latency constraint on Alpaca- and ShareGPT-like workloads; the
+Defer / Recompute ablation; the oracle bound; sensitivity to predictor error; INT8 given to the baseline too.
+Prints a table and writes benchmarks/results/alise.json.
+
+    PYTHONPATH=. python benchmarks/alise_bench.py [--quick]
+"""
+from __future__ import annotations
+
+import sys
+
+from benchmarks.length_aware_common import run, sustainable_rate, write
+
+SETUPS = {   # dataset: (M in FP16 tokens, rates)
+    "alpaca": (4096, [20, 40, 60, 80, 100, 120, 160, 200]),
+    "sharegpt": (16384, [2, 4, 6, 8, 10, 12]),
+}
+INT8 = {"kv_quant_bits": 8}
+VARIANTS = {   # name: (policy, memory extras, predictor override)
+    "alise": ({"name": "alise"}, INT8, None),
+    "alise-oracle": ({"name": "alise"}, INT8, {"kind": "oracle"}),
+    "alise-defer": ({"name": "alise-defer"}, INT8, None),
+    "alise-recompute": ({"name": "alise-recompute"}, INT8, None),
+    "alise-fp16": ({"name": "alise"}, {}, None),
+    "vllm": ({"name": "vllm"}, {}, None),
+    "vllm-int8": ({"name": "vllm"}, INT8, None),
+    "orca": ({"name": "orca", "max_model_len": 2048}, {}, None),
+}
+
+
+def scenario(dataset, variant, rate, n, predictor=None):
+    M, _ = SETUPS[dataset]
+    pol, mem, pred = VARIANTS[variant]
+    wl = {"kind": f"alise-{dataset}", "num_requests": n, "rate": rate}
+    if predictor or pred:
+        wl["predictor"] = predictor or pred
+    return {"name": f"alise-{dataset}", "seed": 0, "policy": dict(pol), "workload": wl,
+            "memory": {"M": M, "block_size": 16, "swap_space_gib": 64, **mem}}
+
+
+def main(quick=False):
+    n = {"alpaca": 1000 if quick else 2000, "sharegpt": 300 if quick else 600}
+    out = {"setups": SETUPS, "runs": [], "sustainable": {}, "predictor_sensitivity": []}
+    for dataset, (_, rates) in SETUPS.items():
+        rates = rates[::2] if quick else rates
+        curves = {}
+        for var in VARIANTS:
+            nl = []
+            for rate in rates:
+                m = run(scenario(dataset, var, rate, n[dataset]))
+                m.update(dataset=dataset, variant=var, rate=rate)
+                out["runs"].append(m)
+                nl.append(m["normalized_latency_s"])
+                print(f"{dataset:8s} {var:16s} rate {rate:6.1f}  NL {m['normalized_latency_s']*1e3:8.1f} ms/tok  "
+                      f"JCT {m['jct_mean_s']:7.2f} s  swaps {m['swaps']:5d}  evictions {m['evictions']:5d}  "
+                      f"({m['wall_s']:.1f}s)", flush=True)
+            curves[var] = nl
+        thr = 4 * curves["vllm"][0]        # latency constraint: 4x vLLM's normalized latency at the lowest rate
+        sus = {v: sustainable_rate(rates, nl, thr) for v, nl in curves.items()}
+        out["sustainable"][dataset] = {"threshold_s_per_token": thr, "rates": sus,
+                                       "alise_vs_vllm": sus["alise"] / max(sus["vllm"], 1e-9),
+                                       "alise_vs_vllm_int8": sus["alise"] / max(sus["vllm-int8"], 1e-9),
+                                       "alise_vs_orca": sus["alise"] / max(sus["orca"], 1e-9)}
+        print(f"{dataset}: sustainable rate at NL <= {thr*1e3:.1f} ms/token: " +
+              ", ".join(f"{v} {r:.1f}" for v, r in sus.items()), flush=True)
+    dataset, rate = "sharegpt", (8 if not quick else 6)
+    for mae in (0.0, 0.034, 0.092, 0.148, 0.3, 0.6, 1.0):
+        pred = {"kind": "oracle"} if mae == 0 else {"kind": "relative", "mae": mae}
+        m = run(scenario(dataset, "alise", rate, n[dataset], predictor=pred))
+        m.update(dataset=dataset, rate=rate, mae=mae)
+        out["predictor_sensitivity"].append(m)
+        print(f"predictor MAE {mae:.3f}: NL {m['normalized_latency_s']*1e3:.1f} ms/tok  JCT {m['jct_mean_s']:.2f} s  "
+              f"overruns {m['policy_stats']['overruns']}", flush=True)
+    print("wrote", write("alise", out))
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
