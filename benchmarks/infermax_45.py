@@ -7,43 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
-from costmodels.linear import LinearCostModel, default_profile_path
-from solver.instance import SolverInstance, SolverOptions
-from solver.solve import run_presets, solve
-
-O = B = 4
-
-
-def point(I, time_limit, backend, cm):
-    M = max(2 * I, I + O - 1)
-    row = {"I": I, "M": M}
-    for evict in (True, False):
-        opt = SolverOptions(evictions=evict, time_limit_s=time_limit, backend=backend)
-        inst = SolverInstance([I] * B, [O] * B, [0.0] * B, M, opt, cm)
-        presets = run_presets(inst, opt.presets)
-        r = solve(inst, presets)
-        key = "evict" if evict else "ef"
-        row[key] = {"value_s": r.incumbent_s, "bound_s": r.bound_s, "gap": r.gap, "status": r.status,
-                    "evictions": r.evictions, "batches": len(r.schedule) if r.schedule else None,
-                    "solve_s": r.solve_time_s, "horizon": r.horizon, "backend": r.backend,
-                    "replay_rel_err": r.replay_rel_err}
-        if evict:
-            row["presets"] = {p.name: p.value_s for p in presets}
-            row["preset_evictions"] = {p.name: p.evictions for p in presets}
-    ev, ef = row["evict"], row["ef"]
-    row["saved_vs_ef_opt"] = 1 - ev["value_s"] / ef["value_s"]
-    # eviction saving proven at least: (ef's bound − evict's incumbent) / ef's bound
-    row["saved_vs_ef_bound"] = 1 - ev["value_s"] / ef["bound_s"] if ef["bound_s"] > 0 else math.nan
-    evicting = {k: v for k, v in row["presets"].items() if row["preset_evictions"][k] > 0}
-    row["evicting_preset_loss_vs_ef_opt"] = (max(evicting.values()) / ef["value_s"] - 1) if evicting else 0.0
-    best = min(row["presets"], key=row["presets"].get)
-    row["closest_preset"] = best
-    row["closest_preset_gap"] = row["presets"][best] / ev["value_s"] - 1
-    return row
+from solver.section45 import B, O, paper_costmodel, section45_point
 
 
 def main(argv=None):
@@ -53,14 +20,14 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--out", default="benchmarks/results/infermax_45.json")
     a = ap.parse_args(argv)
-    cm = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), features="paper")
+    cm = paper_costmodel()
     rows = []
     hdr = (f"{'I':>5} {'M':>5} | {'opt(evict) ms':>13} {'bound':>8} {'gap':>6} {'#ev':>3} | {'opt(ef) ms':>10} "
            f"{'bound':>8} {'gap':>6} | {'saved':>7} {'ev-preset loss':>14} | closest preset")
     print(hdr)
     t0 = time.perf_counter()
     for I in [int(x) for x in a.I.split(",")]:
-        r = point(I, a.time_limit, a.backend, cm)
+        r = section45_point(I, a.time_limit, a.backend, cm)
         rows.append(r)
         ev, ef = r["evict"], r["ef"]
         print(f"{I:>5} {r['M']:>5} | {1e3 * ev['value_s']:>13.3f} {1e3 * ev['bound_s']:>8.3f} {100 * ev['gap']:>5.1f}% "

@@ -25,8 +25,6 @@ def _params(scale_name):
     out = []
     for c in INFERMAX:
         marks = []
-        if c.requires:
-            marks.append(pytest.mark.skip(reason=f"needs {', '.join(c.requires)} (CSP solver not on this branch)"))
         quick_ok = c.quick and c.id not in FULL_ONLY and c.id not in SLOW_ANYWAY
         if scale_name == "quick" and not quick_ok:
             continue
