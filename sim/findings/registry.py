@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "direction only", "not reproduced", "not run"

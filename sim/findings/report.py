@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from costmodels.errors import UserError
 from sim.findings.figures import FIGURES, draw
 from sim.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
                                    REPRODUCED, Outcome, Result, evaluate, load_claims)
@@ -86,23 +87,62 @@ def render_markdown(results, scale, figures: dict, wall_s: float, fig_rel: str, 
     return "\n".join(lines) + "\n"
 
 
+def previous_rows(json_path: Path, scale) -> dict:
+    """The claim rows of a previous report (its JSON) by id; checked before anything runs."""
+    if not json_path.exists():
+        raise UserError(f"{json_path}: no previous report to update (run `servesim reproduce` without --update)")
+    try:
+        old = json.loads(json_path.read_text())
+        rows = {c["id"]: c for c in old["claims"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{json_path}: not a report written by `servesim reproduce` ({e})") from None
+    if old.get("scale") != scale.name:
+        raise UserError(f"{json_path}: was written at scale {old.get('scale')!r}, cannot update it at {scale.name!r}")
+    return rows
+
+
+def merge_rows(rows: dict, scale, fresh) -> list:
+    """Every registered claim in registry order: the fresh result where there is one, else the previous row."""
+    done = {r.claim.id: r for r in fresh}
+    merged = []
+    for cid, claim in load_claims().items():
+        if cid in done:
+            merged.append(done[cid])
+        elif cid in rows:
+            c = rows[cid]
+            merged.append(Result(claim, Outcome(c["paper_value"], c["ours"], c["direction"], c["magnitude"],
+                                                c["note"]), scale.name))
+    return merged
+
+
 def reproduce(quick: bool = False, out_md="docs/reproduction.md", fig_dir="docs/figures", ids=None,
-              with_figures: bool = True, progress=None):
+              with_figures: bool = True, progress=None, update: bool = False):
     scale = QUICK if quick else FULL
     t0 = time.perf_counter()
+    out_md = Path(out_md)
+    previous = previous_rows(out_md.with_suffix(".json"), scale) if update else None
     results = run_claims(scale, ids, quick_only=quick, progress=progress)
     names = sorted({r.claim.figure for r in results if r.claim.figure and r.outcome.direction is not None})
     figures = {}
     if with_figures:
         for name in names:
             figures[name] = draw(name, scale, fig_dir)
-    out_md = Path(out_md)
+    note = ""
+    if update:   # re-evaluated rows replace theirs; the others, and their figures, stay as they were
+        fresh = {r.claim.id for r in results}
+        results = merge_rows(previous, scale, results)
+        for r in results:
+            f = r.claim.figure
+            if f and f not in figures and (Path(fig_dir) / f"{f}.png").exists():
+                figures[f] = Path(fig_dir) / f"{f}.png"
+        note = (f"; updated with `--update` ({', '.join(sorted(fresh))} re-evaluated, the other rows carried over "
+                "from the previous report)")
     out_md.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(Path(fig_dir).resolve(), out_md.parent.resolve())
-    memo = ""
+    memo = note
     if os.environ.get("SERVESIM_FINDINGS_CACHE"):
         from sim.findings.runs import _CACHE
-        memo = (f" from runs memoised on disk (SERVESIM_FINDINGS_CACHE); the {len(_CACHE)} simulations took "
+        memo += (f" from runs memoised on disk (SERVESIM_FINDINGS_CACHE); the {len(_CACHE)} simulations took "
                 f"{sum(v.get('wall_s', 0.0) for v in _CACHE.values()):.0f} s of wall time on a shared machine")
     out_md.write_text(render_markdown(results, scale, figures, time.perf_counter() - t0, rel, memo))
     out_md.with_suffix(".json").write_text(json.dumps(to_records(results, scale), indent=1) + "\n")
@@ -120,7 +160,10 @@ def to_records(results, scale) -> dict:
 
 def cmd_reproduce(args) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.silent else None
-    results, md, figs = reproduce(args.quick, args.out, args.figures, args.claims or None, not args.no_figures, say)
+    if args.update and not args.claims:
+        raise UserError("reproduce --update: name the claims to re-evaluate with --claims ID ...")
+    results, md, figs = reproduce(args.quick, args.out, args.figures, args.claims or None, not args.no_figures, say,
+                                  update=args.update)
     t = tally(results)
     print(f"wrote {md} (+ .json) and {len(figs)} figure(s) under {args.figures}: direction {t['direction_ok']}/{t['checked']}, "
           f"magnitude {t['magnitude_ok']}/{t['magnitude_checked']}, not run {t['not_run']}")
@@ -134,5 +177,7 @@ def register(sub) -> None:
     p.add_argument("--figures", default="docs/figures", help="directory for the PNG figures")
     p.add_argument("--claims", nargs="*", metavar="ID", help="only these claim ids (e.g. F4.2-5 F4.3-1)")
     p.add_argument("--no-figures", action="store_true", help="skip drawing figures")
+    p.add_argument("--update", action="store_true",
+                   help="re-evaluate only --claims and keep every other row of the existing report (its .json)")
     p.add_argument("--silent", action="store_true", help="no per-claim progress lines on stderr")
     p.set_defaults(func=cmd_reproduce)

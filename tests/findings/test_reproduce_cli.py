@@ -33,3 +33,25 @@ def test_reproduce_quick_whole_report(tmp_path):
     assert text.count("\n| F") == 39
     linked = set(re.findall(r"\(f/(\w+)\.png\)", text))
     assert linked and all((figs / f"{n}.png").exists() for n in linked)
+
+
+def test_reproduce_update_reevaluates_only_the_named_claims(tmp_path, capsys):
+    md, figs = tmp_path / "r.md", tmp_path / "figs"
+    base = ["reproduce", "--quick", "--silent", "--out", str(md), "--figures", str(figs), "--no-figures"]
+    assert main(base + ["--claims", "FA1-1", "F4.7-3"]) == 0
+    js = md.with_suffix(".json")
+    data = json.loads(js.read_text())
+    for c in data["claims"]:
+        c["ours"] = "stale value"              # mark both rows so we can tell carried-over from re-evaluated
+    js.write_text(json.dumps(data))
+    assert main(base + ["--claims", "F4.7-3", "--update"]) == 0
+    rows = {c["id"]: c for c in json.loads(js.read_text())["claims"]}
+    assert set(rows) == {"FA1-1", "F4.7-3"}
+    assert rows["FA1-1"]["ours"] == "stale value"           # carried over untouched
+    assert rows["F4.7-3"]["ours"] != "stale value"          # re-evaluated
+    assert "updated with `--update` (F4.7-3 re-evaluated" in md.read_text()
+    # a full-scale update of a quick report, or an update without --claims, is one clear line and exit 2
+    assert main(["reproduce", "--silent", "--out", str(md), "--no-figures", "--claims", "FA1-1", "--update"]) == 2
+    assert main(base + ["--update"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "cannot update it at 'full'" in err[0] and "--claims" in err[1]
