@@ -47,11 +47,11 @@ class Policy:
         self.config = config if config is not None else self.make_config(knobs)
 
     @classmethod
-    def make_config(cls, knobs: dict, where: str = "policy"):
+    def make_config(cls, knobs: dict, where: str = "policy", name: str | None = None):
         fields = {f.name for f in dataclasses.fields(cls.Config)}
         bad = sorted(set(knobs) - fields)
         if bad:
-            raise UserError(f"{where}: unknown knob(s) {', '.join(bad)} for policy {cls.name!r}; "
+            raise UserError(f"{where}: unknown knob(s) {', '.join(bad)} for policy {(name or cls.name)!r}; "
                             f"allowed: {', '.join(sorted(fields))}")
         cfg = cls.Config(**knobs)
         if hasattr(cfg, "validate"):
@@ -104,6 +104,6 @@ def build_policy(spec: dict, where: str = "policy") -> Policy:
         raise UserError(f"{where}.name: unknown policy {name!r}; allowed: {', '.join(sorted(POLICIES))}")
     cls, preset, _ = POLICIES[name]
     knobs = {**preset, **spec}
-    pol = cls(config=cls.make_config(knobs, where))
+    pol = cls(config=cls.make_config(knobs, where, name))
     pol.name = name
     return pol

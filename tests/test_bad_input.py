@@ -20,7 +20,7 @@ def test_unknown_policy_lists_valid_names():
 
 
 def test_unknown_knob_lists_valid_knobs():
-    with pytest.raises(UserError, match=r"unknown knob\(s\) chunk_size .*allowed: .*R_max"):
+    with pytest.raises(UserError, match=r"unknown knob\(s\) chunk_size for policy 'sarathi'; allowed: .*R_max"):
         _run({"policy": {"name": "sarathi", "chunk_size": 512}})
 
 
