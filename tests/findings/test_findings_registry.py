@@ -1,7 +1,7 @@
 """The claim machinery itself: verdict logic, magnitude tolerance, missing requirements, and the report writer."""
 from sim.findings.registry import (DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, Outcome, Scale,
                                    evaluate, within)
-from sim.findings.report import render_markdown, tally
+from sim.findings.report import provenance, render_markdown, tally
 
 TINY = Scale("tiny", B=8, m_factor=0.01, I_grid=(16,), O_grid=(4,), M_sweep_I=(16,), rank_B=8)
 
@@ -39,7 +39,7 @@ def test_report_counts_and_rows():
     results = [evaluate(c, TINY) for c in claims]
     t = tally(results)
     assert (t["direction_ok"], t["checked"], t["magnitude_ok"], t["magnitude_checked"]) == (2, 3, 1, 2)
-    md = render_markdown(results, TINY, {}, 1.0, "figures")
+    md = render_markdown(results, TINY, {}, "figures", provenance(TINY, 1.0))
     assert "Direction reproduced in **2/3**" in md and "**1/2**" in md
     assert "down \\| pipe" in md and "our reason" in md
     assert md.count("\n| A-") == 3

@@ -49,7 +49,7 @@ def test_reproduce_update_reevaluates_only_the_named_claims(tmp_path, capsys):
     assert set(rows) == {"FA1-1", "F4.7-3"}
     assert rows["FA1-1"]["ours"] == "stale value"           # carried over untouched
     assert rows["F4.7-3"]["ours"] != "stale value"          # re-evaluated
-    assert "updated with `--update` (F4.7-3 re-evaluated" in md.read_text()
+    assert "Updated by `servesim reproduce --update` in" in md.read_text() and "F4.7-3 re-evaluated" in md.read_text()
     # a full-scale update of a quick report, or an update without --claims, is one clear line and exit 2
     assert main(["reproduce", "--silent", "--out", str(md), "--no-figures", "--claims", "FA1-1", "--update"]) == 2
     assert main(base + ["--update"]) == 2
