@@ -22,6 +22,12 @@ class Scale:
     M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9)
     rank_B: int               # requests per heterogeneous workload (Figures 15–17), with M scaled to match
     msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
+    # Apt-Serve / BROS / EconoServe / ALISE (online workloads; full = the benchmark scripts' setups)
+    slo_requests: int = 500   # Apt-Serve: ShareGPT-like requests per run
+    capacity_tol: float = 0.04  # Apt-Serve: relative tolerance of the effective-throughput (capacity) search
+    bros_rt: int = 200        # BROS: RT requests per run (BE batches arrive while the RT stream lasts)
+    la_fraction: float = 1.0  # EconoServe / ALISE: fraction of the benchmarks' request counts per run
+    rate_stride: int = 1      # EconoServe / ALISE: every k-th rate of the benchmarks' rate grids
 
     @property
     def M(self) -> int:
@@ -36,7 +42,8 @@ class Scale:
 FULL = Scale("full", B=1024, m_factor=1.0, I_grid=(1, 16, 128, 512, 1024), O_grid=(1, 32, 1024),
              M_sweep_I=(1, 16, 64), rank_B=256)
 QUICK = Scale("quick", B=128, m_factor=0.125, I_grid=(16, 128, 1024), O_grid=(1, 32, 1024),
-              M_sweep_I=(16,), rank_B=32)
+              M_sweep_I=(16,), rank_B=32, slo_requests=150, capacity_tol=0.15, bros_rt=50, la_fraction=0.25,
+              rate_stride=2)
 
 
 @dataclass
@@ -85,7 +92,8 @@ class Result:
 
 CLAIMS: dict[str, Claim] = {}
 # Modules that register claims; a new seed paper adds its module here.
-CLAIM_MODULES = ["sim.findings.infermax"]
+CLAIM_MODULES = ["sim.findings.infermax", "sim.findings.aptserve", "sim.findings.bros", "sim.findings.econoserve",
+                 "sim.findings.alise"]
 
 
 def register_claim(id: str, paper: str, section: str, statement: str, *, quick: bool = True,
@@ -121,6 +129,11 @@ def evaluate(claim: Claim, scale: Scale) -> Result:
         if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY):
             out.note = f"{out.note} Why: {claim.why}" if out.note else f"Why: {claim.why}"
     return Result(claim, out, scale.name, time.perf_counter() - t0)
+
+
+def not_modelled(paper: str, reason: str) -> Outcome:
+    """A claim the simulator cannot check (a dataset, baseline or component it lacks): verdict *not run*."""
+    return Outcome(paper, "-", None, None, f"not modelled: {reason}")
 
 
 def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
