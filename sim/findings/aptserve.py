@@ -73,7 +73,7 @@ def as2(s):
     knee = eff(s, "vllm", 0.9)
     a, b = apt(s, "vllm", knee)["limit_share"], apt(s, "vllm", knee * 3.0 / PAPER_KNEE)["limit_share"]
     return Outcome("≈60% at the knee, > 80% above it", f"{100 * a:.0f}% at {knee:.2f} req/s, {100 * b:.0f}% at "
-                   f"{knee * 3.0 / PAPER_KNEE:.2f} req/s", b > a and b > 0.5, within(a, 0.6) and b > 0.8 * 0.5,
+                   f"{knee * 3.0 / PAPER_KNEE:.2f} req/s", b > a and b > 0.5, within(a, 0.6) and within(b, 0.8),
                    note="our vLLM has no max_num_seqs cap: 'at the limit' = KV ≥ 90% allocated with requests waiting, "
                         "time-weighted")
 
@@ -185,14 +185,30 @@ def as12(s):
 @register_claim("AS-13", "aptserve", "5, App. A", "The greedy knapsack is a 2-approximation per iteration and near "
                 "optimal in practice", requires=("solver.aptserve_knapsack",))
 def as13(s):
-    g = memo(("aptserve-gap", s.slo_requests), lambda: greedy_gap(6.0, min(200, s.slo_requests),
-                                                                     150 if s.name == "full" else 40))
-    return Outcome("optimum / greedy ≤ 2, ≈ 1", f"optimum / greedy: mean {g['opt_over_greedy_mean']:.3f}, max "
-                   f"{g['opt_over_greedy_max']:.2f}; exactly optimal in {100 * g['exactly_optimal_fraction']:.0f}% "
-                   f"of {g['sampled']} memory-bound steps", g["opt_over_greedy_max"] <= 2 and
-                   g["opt_over_greedy_mean"] < 1.1, note="exact solution by DP over the block budget")
+    n = 150 if s.name == "full" else 40         # sampled knapsacks per run
+    runs = [memo(("aptserve-gap", k, n), lambda k=k: greedy_gap(6.0, k, n)) for k in (150, 200, 300)]
+    mean = float(np.mean([g["opt_over_greedy_mean"] for g in runs]))
+    worst = max(g["opt_over_greedy_max"] for g in runs)
+    exact = float(np.mean([g["exactly_optimal_fraction"] for g in runs]))
+    return Outcome("optimum / greedy ≤ 2, ≈ 1", f"optimum / greedy: mean {mean:.3f}, max {worst:.2f} (per run: "
+                   + ", ".join(f"{g['opt_over_greedy_max']:.2f}" for g in runs) + f"); exactly optimal in "
+                   f"{100 * exact:.0f}% of {sum(g['sampled'] for g in runs)} memory-bound steps", worst <= 2 and mean < 1.1,
+                   note="runs of 150, 200 and 300 requests at 6 req/s; exact solution by DP over the block budget")
 
 
-WHY: dict = {}
+WHY = {
+    "AS-12": ("our Apt-Serve-S beats Sarathi-Serve (as the paper says) but not Apt-Serve: it runs the running and the "
+              "waiting knapsacks in turn within 512-token mixed iterations (a joint knapsack churned recomputation), "
+              "and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
+              "iterations; the paper gives no numbers for Fig. 11 and the spec rates this claim 🟡"),
+    "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp because "
+             "our OPT-13B cost model charges the hidden-cache recompute at fitted, not measured, kernel speed"),
+    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (e.g. 13.4x in "
+              "the 150-request run): the recorded greedy choice can take one hidden-cache item whose value is below "
+              "the best feasible set of small KV items; the appendix's bound needs max(greedy, best single item), "
+              "which is worth checking in policies/aptserve.py"),
+    "AS-2": ("our vLLM baseline has no max_num_seqs cap (InferMax's vLLM model): its batch is limited by KV memory "
+             "only, which binds later than the paper's 256-sequence limit"),
+}
 for _cid, _why in WHY.items():
     CLAIMS[_cid].why = _why
