@@ -40,7 +40,7 @@ def main(quick=False):
               ", ".join(f"{v} {r:.1f}" for v, r in sus.items()), flush=True)
     dataset, rate = "sharegpt", (8 if not quick else 6)
     for mae in (0.0, 0.034, 0.092, 0.148, 0.3, 0.6, 1.0):
-        pred = {"kind": "oracle"} if mae == 0 else {"kind": "relative", "mae": mae}
+        pred = {"kind": "oracle"} if mae == 0 else {"kind": "noisy", "error": mae}
         m = run(scenario(dataset, "alise", rate, n[dataset], predictor=pred))
         m.update(dataset=dataset, rate=rate, mae=mae)
         out["predictor_sensitivity"].append(m)

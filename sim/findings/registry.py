@@ -42,7 +42,7 @@ class Scale:
 FULL = Scale("full", B=1024, m_factor=1.0, I_grid=(1, 16, 128, 512, 1024), O_grid=(1, 32, 1024),
              M_sweep_I=(1, 16, 64), rank_B=256)
 QUICK = Scale("quick", B=128, m_factor=0.125, I_grid=(16, 128, 1024), O_grid=(1, 32, 1024),
-              M_sweep_I=(16,), rank_B=32, slo_requests=150, capacity_tol=0.15, bros_rt=50, la_fraction=0.25,
+              M_sweep_I=(16,), rank_B=32, slo_requests=150, capacity_tol=0.15, bros_rt=100, la_fraction=0.5,
               rate_stride=2)
 
 
