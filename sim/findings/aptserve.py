@@ -200,11 +200,11 @@ WHY = {
     "AS-12": ("our Apt-Serve-S beats Sarathi-Serve (as the paper says) but not Apt-Serve: it runs the running and the "
               "waiting knapsacks in turn within 512-token mixed iterations (a joint knapsack churned recomputation), "
               "and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
-              "iterations; the paper gives no numbers for Fig. 11 and the spec rates this claim 🟡"),
-    "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp because "
+              "iterations (a likely cause, not isolated); the paper gives no numbers for Fig. 11 and the spec rates this claim 🟡"),
+    "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp, likely because "
              "our OPT-13B cost model charges the hidden-cache recompute at fitted, not measured, kernel speed"),
     "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (e.g. 13.4x in "
-              "the 150-request run): the recorded greedy choice can take one hidden-cache item whose value is below "
+              "the 150-request run): in one step we inspected the greedy took one hidden-cache item whose value is below "
               "the best feasible set of small KV items; the appendix's bound needs max(greedy, best single item), "
               "which is worth checking in policies/aptserve.py"),
     "AS-2": ("our vLLM baseline has no max_num_seqs cap (InferMax's vLLM model): its batch is limited by KV memory "
