@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS, alise_scenario, run, sustainable_rate
-from sim.findings.registry import CLAIMS, Outcome, Scale, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, register_claim, within
 from sim.findings.runs import memo
 
 DATASETS = ("alpaca", "sharegpt")
@@ -165,19 +165,19 @@ def al13(s):
 
 WHY = {
     "AL-1": ("Alpaca agrees in direction (larger than the paper's); on ShareGPT at M = 16K ALISE (INT8 KV) sustains "
-             "about what FP16 vLLM does: with the conservative dequantization charge (every cached token read pays "
-             "an extra FP16-sized HBM pass) INT8 KV costs about as much as it saves there; against vLLM with the same "
+             "about what FP16 vLLM does: with the conservative dequantization charge (every cached token read pays an"
+             " extra FP16-sized HBM pass) INT8 KV costs about as much as it saves there; against vLLM with the same "
              "INT8 KV ALISE gains 1.17x (AL-2). The benchmark JSON of an earlier build had 1.36x"),
-    "AL-6": "as AL-1: on ShareGPT INT8 KV with its dequantization charge cancels ALISE's scheduling gain over FP16 vLLM",
-    "AL-8": ("likely: the simulator charges no prediction latency (the paper's proxy is up to 70% slower to predict), and a "
-             "9.2% vs 14.8% length error changes ALISE's ranking little given its aging and overrun doubling"),
+    "AL-6": ("as AL-1: on ShareGPT INT8 KV with its dequantization charge cancels ALISE's scheduling gain over FP16 "
+             "vLLM"),
+    "AL-8": ("likely: the simulator charges no prediction latency (the paper's proxy is up to 70% slower to predict),"
+             " and a 9.2% vs 14.8% length error changes ALISE's ranking little given its aging and overrun doubling"),
     "AL-10": ("at a fixed offered rate below saturation every system completes the offered load, so completed "
               "requests per second are equal; spec §8 doubts the table's units"),
-    "AL-11": ("our Alpaca setup (M = 4K) is far more memory-bound for FP16 vLLM than ShareGPT at M = 16K, and INT8 KV "
-              "doubles ALISE's capacity there, so the Alpaca gain is the larger one; the paper's per-dataset memory "
+    "AL-11": ("our Alpaca setup (M = 4K) is far more memory-bound for FP16 vLLM than ShareGPT at M = 16K, and INT8 KV"
+              " doubles ALISE's capacity there, so the Alpaca gain is the larger one; the paper's per-dataset memory "
               "sizes are not stated (a likely cause, not isolated)"),
     "AL-13": ("vLLM's normalized latency does explode (5–11x in one rate step) but ALISE's rises steadily without a "
               "knee within the benchmark's rate grid"),
 }
-for _cid, _why in WHY.items():
-    CLAIMS[_cid].why = _why
+attach_why(WHY)

@@ -9,7 +9,7 @@ import numpy as np
 from sim.capacity import search_capacity
 from sim.config import load_scenario
 from sim.findings.aptbros import APT_EX, greedy_gap
-from sim.findings.registry import CLAIMS, Outcome, Scale, not_modelled, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within
 from sim.findings.runs import memo
 from sim.runner import run_scenario
 
@@ -197,18 +197,18 @@ def as13(s):
 
 
 WHY = {
-    "AS-12": ("our Apt-Serve-S beats Sarathi-Serve (as the paper says) but not Apt-Serve: it runs the running and the "
-              "waiting knapsacks in turn within 512-token mixed iterations (a joint knapsack churned recomputation), "
-              "and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
-              "iterations (a likely cause, not isolated); the paper gives no numbers for Fig. 11 and the spec rates this claim 🟡"),
-    "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp, likely because "
-             "our OPT-13B cost model charges the hidden-cache recompute at fitted, not measured, kernel speed"),
-    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (e.g. 13.4x in "
-              "the 150-request run): in one step we inspected the greedy took one hidden-cache item whose value is below "
-              "the best feasible set of small KV items; the appendix's bound needs max(greedy, best single item), "
-              "which is worth checking in policies/aptserve.py"),
+    "AS-12": ("our Apt-Serve-S beats Sarathi-Serve (as the paper says) but not Apt-Serve: it runs the running and the"
+              " waiting knapsacks in turn within 512-token mixed iterations (a joint knapsack churned recomputation),"
+              " and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
+              "iterations (a likely cause, not isolated); the paper gives no numbers for Fig. 11 and the spec rates "
+              "this claim 🟡"),
+    "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp, likely "
+             "because our OPT-13B cost model charges the hidden-cache recompute at fitted, not measured, kernel speed"),
+    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (e.g. 13.4x "
+              "in the 150-request run): in one step we inspected the greedy took one hidden-cache item whose value is"
+              " below the best feasible set of small KV items; the appendix's bound needs max(greedy, best single "
+              "item), which is worth checking in policies/aptserve.py"),
     "AS-2": ("our vLLM baseline has no max_num_seqs cap (InferMax's vLLM model): its batch is limited by KV memory "
              "only, which binds later than the paper's 256-sequence limit"),
 }
-for _cid, _why in WHY.items():
-    CLAIMS[_cid].why = _why
+attach_why(WHY)

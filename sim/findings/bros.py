@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.findings.aptbros import bros_run
-from sim.findings.registry import CLAIMS, Outcome, Scale, not_modelled, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within
 from sim.findings.runs import memo
 
 RATES = (1.5, 3.0)
@@ -178,17 +178,16 @@ def br14(s):
 
 
 WHY = {
-    "BR-2": ("BROS is lowest at every rate, as the paper says, but our RR is slower than vLLM on RT latency: it gives RT "
-             "every other iteration, and the BE iterations in between carry 512–1024-token prefills; the paper does not "
-             "give RR's batch size or shortage handling (spec §9), we alternate strictly and recompute"),
+    "BR-2": ("BROS is lowest at every rate, as the paper says, but our RR is slower than vLLM on RT latency: it gives"
+             " RT every other iteration, and the BE iterations in between carry 512–1024-token prefills; the paper "
+             "does not give RR's batch size or shortage handling (spec §9), we alternate strictly and recompute"),
     "BR-3": ("BROS's BE throughput is below vLLM's (−5.6%, the paper −11.29%) but above our RR's, whose BE share is "
              "cut by strict alternation and recompute on KV shortage (RR's configuration is not given by the paper)"),
     "BR-6": ("on one A100 with OPT-13B, 6 req/s of ShareGPT-like RT traffic plus BE saturates the GPU, so BROS's RT "
              "latency rises too (2.75x, vLLM 3.19x); the paper's flat curve is Llama-3-70B at up to 15 req/s on a "
              "multi-GPU server"),
-    "BR-12": ("vLLM does preempt RT requests under memory pressure (115 RT evictions vs none for BROS), but the RT TPOT "
-              "of every system stays far below the 0.2 s SLO on our cost model, and BROS's RT decodes share batches "
-              "with BE work, so its mean RT TPOT (43 ms) is above vLLM's (29 ms)"),
+    "BR-12": ("vLLM does preempt RT requests under memory pressure (115 RT evictions vs none for BROS), but the RT "
+              "TPOT of every system stays far below the 0.2 s SLO on our cost model, and BROS's RT decodes share "
+              "batches with BE work, so its mean RT TPOT (43 ms) is above vLLM's (29 ms)"),
 }
-for _cid, _why in WHY.items():
-    CLAIMS[_cid].why = _why
+attach_why(WHY)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.findings.length_aware import ECONO_REQUESTS, ECONO_SETUPS, econo_scenario, run, sustainable_rate
-from sim.findings.registry import CLAIMS, Outcome, Scale, not_modelled, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within
 from sim.findings.runs import memo
 
 FULL_NAME = "econoserve"
@@ -220,18 +220,18 @@ WHY = {
     "ES-3": ("our Alpaca setup (M = 4K tokens) is more memory-bound than ShareGPT at M = 24K, so exact padded "
              "allocation helps more there; the paper's KV size per dataset (12 GB for all) maps to different token "
              "budgets than ours"),
-    "ES-6": ("not investigated; with true lengths EconoServe's SSR is within about 1% of the predicted-length run, either side: the "
-             "fitted predictor's padding already absorbs most of the error, and SLO ordering uses the same buckets"),
+    "ES-6": ("not investigated; with true lengths EconoServe's SSR is within about 1% of the predicted-length run, "
+             "either side: the fitted predictor's padding already absorbs most of the error, and SLO ordering uses "
+             "the same buckets"),
     "ES-7": ("we count KV actually written (sampled every 10 iterations); EconoServe reserves padded predicted "
              "lengths and keeps GT prompts resident while they queue, and at the same offered rate it admits fewer "
              "requests at once than vLLM, so its written share is lower; the paper's utilization definition is not "
              "given precisely (mechanism not isolated)"),
-    "ES-10": ("our vLLM swaps on preemption and its forward size is smaller, as the paper says, but its throughput is "
-              "only slightly lower and its KV utilization about equal: Sarathi's 512-token chunks are not limited by "
-              "KV here because the linear cost model's knee is near that size (a likely cause, not isolated)"),
+    "ES-10": ("our vLLM swaps on preemption and its forward size is smaller, as the paper says, but its throughput is"
+              " only slightly lower and its KV utilization about equal: Sarathi's 512-token chunks are not limited by"
+              " KV here because the linear cost model's knee is near that size (a likely cause, not isolated)"),
     "ES-16": ("the share of under-provisioned requests falls with padding as in the paper, but our JCT is flat to "
-              "rising from 0% padding: the simulator charges no scheduling time, so the cost of re-admitting "
-              "under-provisioned GTs (the paper's 'processing time' side of the U) is likely small (not isolated)"),
+              "rising from 0% padding: the simulator charges no scheduling time, so the cost of re-admitting under-"
+              "provisioned GTs (the paper's 'processing time' side of the U) is likely small (not isolated)"),
 }
-for _cid, _why in WHY.items():
-    CLAIMS[_cid].why = _why
+attach_why(WHY)

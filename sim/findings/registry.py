@@ -104,6 +104,12 @@ def register_claim(id: str, paper: str, section: str, statement: str, *, quick: 
     return deco
 
 
+def attach_why(whys: dict) -> None:
+    """Set the `why` of registered claims (id → our explanation of a disagreement)."""
+    for cid, why in whys.items():
+        CLAIMS[cid].why = why
+
+
 def load_claims() -> dict[str, Claim]:
     for mod in CLAIM_MODULES:
         importlib.import_module(mod)

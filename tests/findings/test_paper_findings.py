@@ -6,6 +6,7 @@ pass is noticed. Claims marked *not modelled* (a dataset or baseline we lack) ar
 import pytest
 
 from sim.findings import FULL, QUICK, evaluate, load_claims
+from tests.findings.claim_params import check_direction, claim_params
 
 CLAIMS = load_claims()
 PAPERS = ("aptserve", "bros", "econoserve", "alise")
@@ -38,37 +39,18 @@ KNOWN_DISAGREEMENTS = {
 
 
 def _params(scale_name):
-    out = []
-    for c in SELECTED:
-        if c.id in NOT_MODELLED:
-            continue
-        marks = []
-        quick_ok = c.quick and c.id not in FULL_ONLY
-        if scale_name == "quick" and not quick_ok:
-            continue
-        if scale_name == "full":
-            if quick_ok:
-                continue
-            marks.append(pytest.mark.slow)
-        if c.id in KNOWN_DISAGREEMENTS:
-            marks.append(pytest.mark.xfail(reason=KNOWN_DISAGREEMENTS[c.id], strict=True))
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
-
-
-def _check(claim, scale):
-    r = evaluate(claim, scale)
-    assert r.outcome.direction, f"{claim.id} ({claim.statement}): paper {r.outcome.paper}; ours {r.outcome.ours}"
+    return claim_params([c for c in SELECTED if c.id not in NOT_MODELLED], scale_name, full_only=FULL_ONLY,
+                        known=KNOWN_DISAGREEMENTS)
 
 
 @pytest.mark.parametrize("claim", _params("quick"))
 def test_claim_direction_quick(claim):
-    _check(claim, QUICK)
+    check_direction(claim, QUICK)
 
 
 @pytest.mark.parametrize("claim", _params("full"))
 def test_claim_direction_full(claim):
-    _check(claim, FULL)
+    check_direction(claim, FULL)
 
 
 def test_every_paper_registers_claims_with_ids_and_reasons():
