@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.findings.length_aware import ECONO_REQUESTS, ECONO_SETUPS, econo_scenario, run, sustainable_rate
+from sim.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, ECONO_SETUPS, econo_scenario, run,
+                                      sustainable_rate)
 from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within
 from sim.findings.runs import memo
 
@@ -165,7 +166,6 @@ for _id, _sec, _st, _why in (
 @register_claim("ES-16", "econoserve", "2 (Figs. 4–5)", "Padding sweep (SyncDecoupled): JCT is U-shaped in the padding "
                 "ratio, the share of under-provisioned requests falls; ShareGPT sweet spot 15%")
 def es16(s):
-    from sim.findings.length_aware import ECONO_PADDINGS
     pol = "econoserve-sd (SyncDecoupled)"
     rows = [es(s, "sharegpt", pol, SWEEP_RATE, p) for p in ECONO_PADDINGS]
     jct = [r["jct_mean_s"] for r in rows]
