@@ -4,7 +4,6 @@ ShareGPT-like (M = 16K) workloads, Poisson rates, ALISE with INT8 KV; sustainabl
 normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: R8 (the predictor's own accuracy, N)."""
 from __future__ import annotations
 
-
 from sim.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS, alise_scenario, run, sustainable_rate
 from sim.findings.registry import Outcome, Scale, attach_why, register_claim, within
 from sim.findings.runs import memo
