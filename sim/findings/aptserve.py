@@ -204,10 +204,12 @@ WHY = {
               "this claim 🟡"),
     "AS-9": ("direction holds (hybrid ≥ KV-only at every point); our gain is larger than the paper's 0–3 pp, likely "
              "because our OPT-13B cost model charges the hidden-cache recompute at fitted, not measured, kernel speed"),
-    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (e.g. 13.4x "
-              "in the 150-request run): in one step we inspected the greedy took one hidden-cache item whose value is"
-              " below the best feasible set of small KV items; the appendix's bound needs max(greedy, best single "
-              "item), which is worth checking in policies/aptserve.py"),
+    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (13.4x in "
+              "the 150-request run). In the steps we inspected, the densest item was a KV option heavier than the whole "
+              "free-block budget (its hidden option, which would fit, was not listed because it is less dense): the "
+              "greedy stops at that first non-fitting item with an empty prefix and keeps the request alone as hidden, "
+              "missing the smaller items behind it. The appendix's bound assumes items heavier than the budget are "
+              "discarded first; policies/aptserve.py knapsack() does not"),
     "AS-2": ("our vLLM baseline has no max_num_seqs cap (InferMax's vLLM model): its batch is limited by KV memory "
              "only, which binds later than the paper's 256-sequence limit"),
 }
