@@ -43,9 +43,9 @@ def apt(s: Scale, policy: str, rate: float, cv: float = 1.0) -> dict:
 def eff(s: Scale, policy: str, target: float) -> float:
     """Effective throughput: highest rate (within s.capacity_tol) whose SLO attainment meets `target`."""
     def compute():
-        return search_capacity(lambda r: apt(s, policy, r)["att"], target, 0.5, rate_min=0.5, rate_max=64.0,
-                               rel_tol=s.capacity_tol).capacity_rps
-    return memo(("aptserve-eff", s.slo_requests, s.capacity_tol, policy, target), compute)
+        return {"rate": search_capacity(lambda r: apt(s, policy, r)["att"], target, 0.5, rate_min=0.5, rate_max=64.0,
+                                        rel_tol=s.capacity_tol).capacity_rps}
+    return memo(("aptserve-eff", s.slo_requests, s.capacity_tol, policy, target), compute)["rate"]
 
 
 def x(v):
