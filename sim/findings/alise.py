@@ -1,11 +1,12 @@
 """ALISE (spec alise.md §6) claims marked Sim = Y or P, each a check of direction and magnitude. Setup: the
 benchmark's (benchmarks/alise_bench.py, from sim.findings.length_aware): Alpaca-like (M = 4K FP16 tokens) and
 ShareGPT-like (M = 16K) workloads, Poisson rates, ALISE with INT8 KV; sustainable rate = largest rate whose mean
-normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: R8 (the predictor's own accuracy, N)."""
+normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: R8 (the predictor's own accuracy, N). Ratio magnitudes ("N x better") use
+registry.within_ratio: the excess over 1x for N ≤ 2."""
 from __future__ import annotations
 
 from sim.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS, alise_scenario, run, sustainable_rate
-from sim.findings.registry import Outcome, Scale, attach_why, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, register_claim, within, within_ratio
 from sim.findings.runs import memo
 
 DATASETS = ("alpaca", "sharegpt")
@@ -47,7 +48,7 @@ def x(v):
 def al1(s):
     r = {d: gain(s, d, "vllm") for d in DATASETS}
     return Outcome("1.8x (Alpaca), 2.1x (ShareGPT)", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   all(v > 1 for v in r.values()), within(r["alpaca"], 1.8) and within(r["sharegpt"], 2.1),
+                   all(v > 1 for v in r.values()), within_ratio(r["alpaca"], 1.8) and within_ratio(r["sharegpt"], 2.1),
                    note="sustainable rate at 4x vLLM's low-load normalized latency; ALISE with INT8 KV, vLLM FP16")
 
 
@@ -55,7 +56,7 @@ def al1(s):
                 "FCFS under the same latency constraint (ShareGPT)")
 def al2(s):
     r = gain(s, "sharegpt", "vllm-int8")
-    return Outcome("up to 2x", f"{x(r)} vs FCFS (vLLM with the same INT8 KV)", r > 1, within(r, 2.0),
+    return Outcome("up to 2x", f"{x(r)} vs FCFS (vLLM with the same INT8 KV)", r > 1, within_ratio(r, 2.0),
                    note="FCFS = vLLM-FCFS (spec: the implementation is unspecified), given INT8 KV so only the "
                         "scheduling differs")
 
@@ -63,28 +64,28 @@ def al2(s):
 @register_claim("AL-3", "alise", "4 (Fig. 6)", "Alpaca: 1.3–1.8x the throughput of vLLM at similar latency")
 def al3(s):
     r = gain(s, "alpaca", "vllm")
-    return Outcome("1.3–1.8x", x(r), r > 1, within(r, 1.55), note="magnitude against the middle of the range")
+    return Outcome("1.3–1.8x", x(r), r > 1, within_ratio(r, 1.55), note="magnitude against the middle of the range")
 
 
 @register_claim("AL-4", "alise", "4 (Fig. 6b)", "Alpaca, latency constraint 200 ms: ALISE processes 1.5x more requests "
                 "than vLLM")
 def al4(s):
     r = gain(s, "alpaca", "vllm", threshold=0.2)
-    return Outcome("1.5x", x(r), r > 1, within(r, 1.5),
+    return Outcome("1.5x", x(r), r > 1, within_ratio(r, 1.5),
                    note="200 ms read as a normalized-latency (per output token) constraint")
 
 
 @register_claim("AL-5", "alise", "4 (Fig. 6)", "Alpaca: up to 3.1x the sustainable request rate of ORCA")
 def al5(s):
     r = gain(s, "alpaca", "orca")
-    return Outcome("3.1x", x(r), r > 1, within(r, 3.1), note="ORCA reserves max_model_len = 2048 tokens per request")
+    return Outcome("3.1x", x(r), r > 1, within_ratio(r, 3.1), note="ORCA reserves max_model_len = 2048 tokens per request")
 
 
 @register_claim("AL-6", "alise", "4 (Fig. 6)", "ShareGPT: up to 2.1x the throughput of vLLM and 4.3x that of ORCA")
 def al6(s):
     rv, ro = gain(s, "sharegpt", "vllm"), gain(s, "sharegpt", "orca")
     return Outcome("2.1x vs vLLM, 4.3x vs ORCA", f"{x(rv)} vs vLLM, {x(ro)} vs ORCA", rv > 1 and ro > 1,
-                   within(rv, 2.1) and within(ro, 4.3))
+                   within_ratio(rv, 2.1) and within_ratio(ro, 4.3))
 
 
 @register_claim("AL-7", "alise", "4.3 (Fig. 8)", "Memory policy: ALISE's swapping beats Defer by up to 1.8x and "
@@ -96,7 +97,7 @@ def al7(s):
     ok = max(d) > 1 and max(r) > 1 and d[-1] > d[0] and r[-1] > r[0]
     return Outcome("Defer 1.8x, Recompute 2.8x; widening", "Defer/ALISE " + ", ".join(f"{v:.2f}" for v in d) +
                    "; Recompute/ALISE " + ", ".join(f"{v:.2f}" for v in r) + f" (rates {rates(s, 'alpaca')})", ok,
-                   within(max(d), 1.8) and within(max(r), 2.8))
+                   within_ratio(max(d), 1.8) and within_ratio(max(r), 2.8))
 
 
 @register_claim("AL-8", "alise", "2.2 (Table 2)", "The retrieval predictor (1.6x lower error than the proxy) gives "
@@ -110,7 +111,7 @@ def al8(s):
     r = sus["retrieval"] / max(sus["proxy"], 1e-9)
     hi = nl["proxy"][-1] / nl["retrieval"][-1]
     return Outcome("1.47–1.82x", f"{x(r)} sustainable rate; proxy/retrieval normalized latency at {rs[-1]} req/s "
-                   f"{hi:.2f}x", r > 1.01 or hi > 1.05, within(r, 1.63),
+                   f"{hi:.2f}x", r > 1.01 or hi > 1.05, within_ratio(r, 1.63),
                    note="both predictors emulated by noisy-length models: error 9.2% (retrieval) and 14.8% (proxy)")
 
 
@@ -129,7 +130,7 @@ def al10(s):
     r = {d: al(s, d, "alise", rate)["throughput_rps"] / al(s, d, "vllm", rate)["throughput_rps"]
          for d, rate in (("alpaca", 30), ("sharegpt", 2))}
     return Outcome("1.34–1.49x", ", ".join(f"{d}: {x(v)}" for d, v in r.items()), all(v > 1.01 for v in r.values()),
-                   all(within(v, 1.42) for v in r.values()),
+                   all(within_ratio(v, 1.42) for v in r.values()),
                    note="spec §8: the table's units are questionable; read as completed requests / makespan")
 
 

@@ -2,14 +2,15 @@
 benchmark's (benchmarks/econoserve_bench.py, from sim.findings.length_aware): ShareGPT-like (M = 24K tokens) and
 Alpaca-like (M = 4K) workloads with the paper's padding / reserve / buffer per dataset, Poisson rates; sustainable
 rate = largest rate whose mean normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: SIM+ and
-REAL claims (DistServe, GPU counts, scheduling-time shares, preemption time, overhead)."""
+REAL claims (DistServe, GPU counts, scheduling-time shares, preemption time, overhead). Ratio magnitudes ("N x better") use
+registry.within_ratio: the excess over 1x for N ≤ 2."""
 from __future__ import annotations
 
 import numpy as np
 
 from sim.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, ECONO_SETUPS, econo_scenario, run,
                                       sustainable_rate)
-from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within
+from sim.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
 from sim.findings.runs import memo
 
 FULL_NAME = "econoserve"
@@ -60,7 +61,7 @@ def pct(v):
 def es1(s):
     r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, VLLM), 1e-9) for d in DATASETS}
     return Outcome("up to 4x (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   all(v > 1 for v in r.values()), within(max(r.values()), 4.0),
+                   all(v > 1 for v in r.values()), within_ratio(max(r.values()), 4.0),
                    note="vLLM with swap preemption; Llama-2-7B / A100 linear cost model (the paper: OPT-13B and "
                         "others)")
 
@@ -71,7 +72,7 @@ def es2(s):
     paper = {"sharegpt": 1.75, "alpaca": 1.22}
     r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, SARATHI), 1e-9) for d in DATASETS}
     return Outcome("ShareGPT 1.25–2.25x, Alpaca 1.2–1.24x", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   all(v > 1 for v in r.values()), all(within(r[d], paper[d]) for d in DATASETS),
+                   all(v > 1 for v in r.values()), all(within_ratio(r[d], paper[d]) for d in DATASETS),
                    note="magnitude against the middle of each range")
 
 

@@ -142,6 +142,12 @@ def not_modelled(paper: str, reason: str) -> Outcome:
     return Outcome(paper, "-", None, None, f"not modelled: {reason}")
 
 
+def within_ratio(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
+    """Magnitude agreement for an 'N x better' claim: for N ≤ 2 the excess over 1x is compared (a ±50% band around
+    the ratio itself would then accept 1x, i.e. no effect); above 2x the ratio itself."""
+    return within(ours - 1, paper - 1, tol) if paper <= 2 else within(ours, paper, tol)
+
+
 def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
     """Magnitude agreement: our number within ±tol (relative) of the paper's."""
     if paper == 0:

@@ -64,3 +64,10 @@ def test_every_paper_registers_claims_with_ids_and_reasons():
 def test_not_modelled_claims_say_why(cid):
     r = evaluate(CLAIMS[cid], QUICK)
     assert r.outcome.verdict == "not run" and r.outcome.note.startswith("not modelled: ")
+
+
+def test_small_ratio_magnitudes_compare_the_excess_over_one():
+    from sim.findings.registry import within_ratio
+    assert not within_ratio(1.0, 1.73)            # no effect is not "1.73x better"
+    assert within_ratio(1.5, 1.73) and not within_ratio(1.2, 1.73)
+    assert within_ratio(4.0, 4.9) and not within_ratio(1.5, 4.9)   # above 2x the ratio itself
