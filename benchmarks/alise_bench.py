@@ -9,36 +9,12 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-
-SETUPS = {   # dataset: (M in FP16 tokens, rates)
-    "alpaca": (4096, [20, 40, 60, 80, 100, 120, 160, 200]),
-    "sharegpt": (16384, [2, 4, 6, 8, 10, 12]),
-}
-INT8 = {"kv_quant_bits": 8}
-VARIANTS = {   # name: (policy, memory extras, predictor override)
-    "alise": ({"name": "alise"}, INT8, None),
-    "alise-oracle": ({"name": "alise"}, INT8, {"kind": "oracle"}),
-    "alise-defer": ({"name": "alise-defer"}, INT8, None),
-    "alise-recompute": ({"name": "alise-recompute"}, INT8, None),
-    "alise-fp16": ({"name": "alise"}, {}, None),
-    "vllm": ({"name": "vllm"}, {}, None),
-    "vllm-int8": ({"name": "vllm"}, INT8, None),
-    "orca": ({"name": "orca", "max_model_len": 2048}, {}, None),
-}
-
-
-def scenario(dataset, variant, rate, n, predictor=None):
-    M, _ = SETUPS[dataset]
-    pol, mem, pred = VARIANTS[variant]
-    wl = {"kind": f"alise-{dataset}", "num_requests": n, "rate": rate}
-    if predictor or pred:
-        wl["predictor"] = predictor or pred
-    return {"name": f"alise-{dataset}", "seed": 0, "policy": dict(pol), "workload": wl,
-            "memory": {"M": M, "block_size": 16, "swap_space_gib": 64, **mem}}
+from sim.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS as SETUPS, ALISE_VARIANTS as VARIANTS
+from sim.findings.length_aware import alise_scenario as scenario
 
 
 def main(quick=False):
-    n = {"alpaca": 1000 if quick else 2000, "sharegpt": 300 if quick else 600}
+    n = {d: k // 2 if quick else k for d, k in ALISE_REQUESTS.items()}
     out = {"setups": SETUPS, "runs": [], "sustainable": {}, "predictor_sensitivity": []}
     for dataset, (_, rates) in SETUPS.items():
         rates = rates[::2] if quick else rates
@@ -64,7 +40,7 @@ def main(quick=False):
               ", ".join(f"{v} {r:.1f}" for v, r in sus.items()), flush=True)
     dataset, rate = "sharegpt", (8 if not quick else 6)
     for mae in (0.0, 0.034, 0.092, 0.148, 0.3, 0.6, 1.0):
-        pred = {"kind": "oracle"} if mae == 0 else {"kind": "relative", "mae": mae}
+        pred = {"kind": "oracle"} if mae == 0 else {"kind": "noisy", "error": mae}
         m = run(scenario(dataset, "alise", rate, n[dataset], predictor=pred))
         m.update(dataset=dataset, rate=rate, mae=mae)
         out["predictor_sensitivity"].append(m)

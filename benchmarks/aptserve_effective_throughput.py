@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from sim.capacity_search import attainment_at, effective_throughput
+from sim.findings.aptbros import APT_POLICIES as POLICIES
 
 EX = "examples/aptserve-sharegpt.yaml"
-POLICIES = ("vllm", "sarathi", "deepspeed-fastgen", "aptserve", "aptserve-kv", "aptserve-fcfs", "aptserve-s")
 
 
 def main():

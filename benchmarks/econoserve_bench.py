@@ -8,34 +8,13 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-
-SETUPS = {   # dataset: (M tokens, padding, reserve, pipe buffer b, rates)  — paper §5 defaults per dataset
-    "sharegpt": (24576, 0.15, 0.03, 0.15, [2, 4, 6, 8, 10, 12]),
-    "alpaca": (4096, 0.10, 0.012, 0.15, [10, 20, 30, 40, 50, 60, 80, 100]),
-}
-POLICIES = {
-    "econoserve": lambda pad, res, b: {"name": "econoserve", "padding": pad, "reserved_frac": res, "pipe_buffer_frac": b},
-    "econoserve-sdo (no pipelining)": lambda pad, res, b: {"name": "econoserve-sdo", "padding": pad, "reserved_frac": res},
-    "econoserve-sd (SyncDecoupled)": lambda pad, res, b: {"name": "econoserve-sd", "padding": pad, "reserved_frac": res},
-    "econoserve-d": lambda pad, res, b: {"name": "econoserve-d", "padding": pad, "reserved_frac": res},
-    "econoserve-oracle": lambda pad, res, b: {"name": "econoserve", "padding": pad, "reserved_frac": res,
-                                              "pipe_buffer_frac": b},
-    "vllm (swap)": lambda pad, res, b: {"name": "vllm", "preemption": "swap"},
-    "sarathi": lambda pad, res, b: {"name": "sarathi"},
-}
-
-
-def scenario(dataset, policy, rate, n, padding=None):
-    M, pad, res, b, _ = SETUPS[dataset]
-    wl = {"kind": f"econoserve-{dataset}", "num_requests": n, "rate": rate}
-    if policy == "econoserve-oracle":
-        wl["predictor"] = {"kind": "oracle"}
-    return {"name": f"econoserve-{dataset}", "seed": 0, "memory": {"M": M, "block_size": 32, "swap_space_gib": 16},
-            "policy": POLICIES[policy](pad if padding is None else padding, res, b), "workload": wl}
+from sim.findings.length_aware import ECONO_PADDINGS, ECONO_POLICIES as POLICIES, ECONO_REQUESTS
+from sim.findings.length_aware import ECONO_SETUPS as SETUPS
+from sim.findings.length_aware import econo_scenario as scenario
 
 
 def main(quick=False):
-    n = 300 if quick else 600
+    n = ECONO_REQUESTS // 2 if quick else ECONO_REQUESTS
     out = {"setups": {k: dict(zip(("M", "padding", "reserved_frac", "pipe_buffer_frac", "rates"), v))
                       for k, v in SETUPS.items()}, "runs": [], "sustainable": {}, "padding_sweep": []}
     for dataset, (*_, rates) in SETUPS.items():
@@ -62,7 +41,7 @@ def main(quick=False):
         print(f"{dataset}: sustainable rate at NL <= {thr*1e3:.1f} ms/token: " +
               ", ".join(f"{p} {r:.2f}" for p, r in sus.items()), flush=True)
     rate = 8 if not quick else 6
-    for pad in (0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50):
+    for pad in ECONO_PADDINGS:
         m = run(scenario("sharegpt", "econoserve-sd (SyncDecoupled)", rate, n, padding=pad))
         m.update(padding=pad, rate=rate)
         out["padding_sweep"].append(m)

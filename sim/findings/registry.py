@@ -22,9 +22,18 @@ class Scale:
     M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9)
     rank_B: int               # requests per heterogeneous workload (Figures 15–17), with M scaled to match
     msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
+<<<<<<< HEAD
     csp_small_I: tuple = (1, 4, 16, 64)       # §4.5 CSP grid (B = O = 4): prompts where evicting should pay
     csp_large_I: tuple = (128, 512, 1024)     # ... and where it should not
     csp_time_limit_s: float = 20.0            # per MILP solve (HiGHS, one thread)
+=======
+    # Apt-Serve / BROS / EconoServe / ALISE (online workloads; full = the benchmark scripts' setups)
+    slo_requests: int = 500   # Apt-Serve: ShareGPT-like requests per run
+    capacity_tol: float = 0.04  # Apt-Serve: relative tolerance of the effective-throughput (capacity) search
+    bros_rt: int = 200        # BROS: RT requests per run (BE batches arrive while the RT stream lasts)
+    la_fraction: float = 1.0  # EconoServe / ALISE: fraction of the benchmarks' request counts per run
+    rate_stride: int = 1      # EconoServe / ALISE: every k-th rate of the benchmarks' rate grids
+>>>>>>> findings2
 
     @property
     def M(self) -> int:
@@ -39,7 +48,12 @@ class Scale:
 FULL = Scale("full", B=1024, m_factor=1.0, I_grid=(1, 16, 128, 512, 1024), O_grid=(1, 32, 1024),
              M_sweep_I=(1, 16, 64), rank_B=256)
 QUICK = Scale("quick", B=128, m_factor=0.125, I_grid=(16, 128, 1024), O_grid=(1, 32, 1024),
+<<<<<<< HEAD
               M_sweep_I=(16,), rank_B=32, csp_small_I=(1, 4), csp_large_I=(512, 1024), csp_time_limit_s=4.0)
+=======
+              M_sweep_I=(16,), rank_B=32, slo_requests=150, capacity_tol=0.15, bros_rt=100, la_fraction=0.5,
+              rate_stride=2)
+>>>>>>> findings2
 
 
 @dataclass
@@ -88,7 +102,8 @@ class Result:
 
 CLAIMS: dict[str, Claim] = {}
 # Modules that register claims; a new seed paper adds its module here.
-CLAIM_MODULES = ["sim.findings.infermax"]
+CLAIM_MODULES = ["sim.findings.infermax", "sim.findings.aptserve", "sim.findings.bros", "sim.findings.econoserve",
+                 "sim.findings.alise"]
 
 
 def register_claim(id: str, paper: str, section: str, statement: str, *, quick: bool = True,
@@ -97,6 +112,12 @@ def register_claim(id: str, paper: str, section: str, statement: str, *, quick: 
         CLAIMS[id] = Claim(id, paper, section, statement, fn, quick, tuple(requires), figure, why)
         return fn
     return deco
+
+
+def attach_why(whys: dict) -> None:
+    """Set the `why` of registered claims (id → our explanation of a disagreement)."""
+    for cid, why in whys.items():
+        CLAIMS[cid].why = why
 
 
 def load_claims() -> dict[str, Claim]:
@@ -124,6 +145,17 @@ def evaluate(claim: Claim, scale: Scale) -> Result:
         if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY):
             out.note = f"{out.note} Why: {claim.why}" if out.note else f"Why: {claim.why}"
     return Result(claim, out, scale.name, time.perf_counter() - t0)
+
+
+def not_modelled(paper: str, reason: str) -> Outcome:
+    """A claim the simulator cannot check (a dataset, baseline or component it lacks): verdict *not run*."""
+    return Outcome(paper, "-", None, None, f"not modelled: {reason}")
+
+
+def within_ratio(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
+    """Magnitude agreement for an 'N x better' claim: for N ≤ 2 the excess over 1x is compared (a ±50% band around
+    the ratio itself would then accept 1x, i.e. no effect); above 2x the ratio itself."""
+    return within(ours - 1, paper - 1, tol) if paper <= 2 else within(ours, paper, tol)
 
 
 def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:

@@ -87,6 +87,14 @@ def _freeze(d):
     return d
 
 
+def memo(key: tuple, compute):
+    """The value of compute() for `key`, simulated once per process (and on disk with SERVESIM_FINDINGS_CACHE).
+    Values are dicts (the report sums their `wall_s`)."""
+    if key not in _CACHE:
+        _store(key, compute())
+    return _CACHE[key]
+
+
 def clear_cache() -> None:
     _CACHE.clear()
 

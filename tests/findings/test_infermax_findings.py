@@ -4,7 +4,8 @@ Claims the simulator does not reproduce are expected failures with the reason, s
 makes one pass is noticed (and the report and this list are updated together)."""
 import pytest
 
-from sim.findings import FULL, QUICK, evaluate, load_claims
+from sim.findings import FULL, QUICK, load_claims
+from tests.findings.claim_params import check_direction, claim_params
 
 CLAIMS = load_claims()
 INFERMAX = [c for c in CLAIMS.values() if c.paper == "infermax"]
@@ -22,35 +23,18 @@ SLOW_ANYWAY = set()
 
 
 def _params(scale_name):
-    out = []
-    for c in INFERMAX:
-        marks = []
-        quick_ok = c.quick and c.id not in FULL_ONLY and c.id not in SLOW_ANYWAY
-        if scale_name == "quick" and not quick_ok:
-            continue
-        if scale_name == "full":
-            if quick_ok:
-                continue
-            marks.append(pytest.mark.slow)
-        if c.id in KNOWN_DISAGREEMENTS:
-            marks.append(pytest.mark.xfail(reason=KNOWN_DISAGREEMENTS[c.id], strict=True))
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
-
-
-def _check(claim, scale):
-    r = evaluate(claim, scale)
-    assert r.outcome.direction, f"{claim.id} ({claim.statement}): paper {r.outcome.paper}; ours {r.outcome.ours}"
+    return claim_params(INFERMAX, scale_name, full_only=FULL_ONLY, known=KNOWN_DISAGREEMENTS,
+                        slow_anyway=SLOW_ANYWAY)
 
 
 @pytest.mark.parametrize("claim", _params("quick"))
 def test_claim_direction_quick(claim):
-    _check(claim, QUICK)
+    check_direction(claim, QUICK)
 
 
 @pytest.mark.parametrize("claim", _params("full"))
 def test_claim_direction_full(claim):
-    _check(claim, FULL)
+    check_direction(claim, FULL)
 
 
 def test_toy_ttft_matches_the_hand_worked_numbers():
