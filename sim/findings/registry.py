@@ -22,18 +22,15 @@ class Scale:
     M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9)
     rank_B: int               # requests per heterogeneous workload (Figures 15–17), with M scaled to match
     msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
-<<<<<<< HEAD
     csp_small_I: tuple = (1, 4, 16, 64)       # §4.5 CSP grid (B = O = 4): prompts where evicting should pay
     csp_large_I: tuple = (128, 512, 1024)     # ... and where it should not
     csp_time_limit_s: float = 20.0            # per MILP solve (HiGHS, one thread)
-=======
     # Apt-Serve / BROS / EconoServe / ALISE (online workloads; full = the benchmark scripts' setups)
     slo_requests: int = 500   # Apt-Serve: ShareGPT-like requests per run
     capacity_tol: float = 0.04  # Apt-Serve: relative tolerance of the effective-throughput (capacity) search
     bros_rt: int = 200        # BROS: RT requests per run (BE batches arrive while the RT stream lasts)
     la_fraction: float = 1.0  # EconoServe / ALISE: fraction of the benchmarks' request counts per run
     rate_stride: int = 1      # EconoServe / ALISE: every k-th rate of the benchmarks' rate grids
->>>>>>> findings2
 
     @property
     def M(self) -> int:
@@ -48,12 +45,8 @@ class Scale:
 FULL = Scale("full", B=1024, m_factor=1.0, I_grid=(1, 16, 128, 512, 1024), O_grid=(1, 32, 1024),
              M_sweep_I=(1, 16, 64), rank_B=256)
 QUICK = Scale("quick", B=128, m_factor=0.125, I_grid=(16, 128, 1024), O_grid=(1, 32, 1024),
-<<<<<<< HEAD
-              M_sweep_I=(16,), rank_B=32, csp_small_I=(1, 4), csp_large_I=(512, 1024), csp_time_limit_s=4.0)
-=======
-              M_sweep_I=(16,), rank_B=32, slo_requests=150, capacity_tol=0.15, bros_rt=100, la_fraction=0.5,
-              rate_stride=2)
->>>>>>> findings2
+              M_sweep_I=(16,), rank_B=32, csp_small_I=(1, 4), csp_large_I=(512, 1024), csp_time_limit_s=4.0,
+              slo_requests=150, capacity_tol=0.15, bros_rt=100, la_fraction=0.5, rate_stride=2)
 
 
 @dataclass
