@@ -112,25 +112,32 @@ class AptServe(Policy):
         violated = p > (cfg.tbt_slo_s if started else cfg.ttft_slo_s)
         return Candidate(r, p, m, h, violated and cfg.fallback != "off", running)
 
-    def _items(self, cands, N) -> list:
-        """Options per request (§2.9): KV alone, or a hidden item plus a hidden→KV upgrade item."""
+    def _items(self, cands, N, budget: int) -> list:
+        """Options per request (§2.9): KV alone, or a hidden item plus a hidden→KV upgrade item. An option heavier
+        than the whole budget is left out (the appendix's 2-approximation assumes every item fits alone); a request
+        whose KV cannot fit may still enter as hidden when that has positive value."""
         rho, cfg = self.rho, self.config
         items = []
         for c in cands:
             tok = self._tokens(c)
+            kv_fits = c.m <= budget
             if c.violated:
-                value = cfg.decay * c.p if cfg.fallback == "decay" else 1e-9 * c.p
-                items.append(Item(value / c.m, c, c.m, KV, tok))
+                if kv_fits:
+                    value = cfg.decay * c.p if cfg.fallback == "decay" else 1e-9 * c.p
+                    items.append(Item(value / c.m, c, c.m, KV, tok))
                 continue
             kv_theta = c.p / c.m
-            if c.h < c.m:
+            if c.h < c.m and c.h <= budget:
                 penalty = N * rho * c.m                     # Eq. 5–6: every queued request feels the slowdown
                 hidden_theta = (c.p - penalty) / c.h
-                if hidden_theta >= kv_theta:                # hidden pays off (concavity: θ_hidden ≥ θ_upgrade)
+                # hidden pays off (concavity: θ_hidden ≥ θ_upgrade), or it is the only option that fits
+                if hidden_theta >= kv_theta or (not kv_fits and hidden_theta > 0):
                     items.append(Item(hidden_theta, c, c.h, HIDDEN, tok))
-                    items.append(Item(penalty / (c.m - c.h), c, c.m - c.h, "upgrade", 0))
+                    if kv_fits:
+                        items.append(Item(penalty / (c.m - c.h), c, c.m - c.h, "upgrade", 0))
                     continue
-            items.append(Item(kv_theta, c, c.m, KV, tok))
+            if kv_fits:
+                items.append(Item(kv_theta, c, c.m, KV, tok))
         items.sort(key=lambda it: (-it.theta, _KIND_ORDER[it.kind], it.cand.req.arrival_s, it.cand.req.id))
         return items
 
@@ -144,7 +151,7 @@ class AptServe(Policy):
         self.stats["knapsack_calls"] += 1
         chosen, used, value, tokens = {}, 0, 0.0, 0
         critical = None
-        for it in self._items(cands, N):
+        for it in self._items(cands, N, budget):
             r = it.cand.req
             if it.kind == "upgrade" and r not in chosen:
                 continue

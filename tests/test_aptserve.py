@@ -66,13 +66,14 @@ def test_greedy_matches_hand_worked_example():
     assert opt == pytest.approx(2.84) and best == {a: "hidden", b: "kv"}
 
 
-def test_greedy_is_a_two_approximation_and_usually_near_optimal():
+@pytest.mark.parametrize("budget_range", [(10, 200), (2, 40)])     # the second often has items heavier than it
+def test_greedy_is_a_two_approximation_and_usually_near_optimal(budget_range):
     rng = np.random.default_rng(1)
     pol = build_policy({"name": "aptserve"})
     ratios = []
-    for _ in range(60):
+    for _ in range(300):
         cands = _cands(rng, int(rng.integers(2, 25)))
-        budget, N = int(rng.integers(10, 200)), len(cands)
+        budget, N = int(rng.integers(*budget_range)), len(cands)
         pol.rho = float(rng.uniform(0, 0.02))
         chosen = pol.knapsack(cands, budget, N)
         used = sum(c.h if chosen[c.req] == "hidden" else c.m for c in cands if c.req in chosen)
@@ -83,6 +84,20 @@ def test_greedy_is_a_two_approximation_and_usually_near_optimal():
         assert 2 * greedy >= opt - 1e-9
         ratios.append(opt / greedy if greedy > 0 else 1.0)
     assert np.median(ratios) < 1.1
+
+
+def test_greedy_skips_an_option_heavier_than_the_budget():
+    """The densest request's KV (30 blocks, θ 0.3) exceeds the budget (20) and its hidden option has negative value
+    (Nρm = 18 > p = 9): it must not end the scan with an empty prefix. The two small requests behind it both fit."""
+    pol = build_policy({"name": "aptserve"})
+    pol.rho = 0.2
+    big, s1, s2 = Request(0, 0.0, 480, 5), Request(1, 0.0, 160, 5), Request(2, 0.0, 160, 5)
+    cands = [Candidate(big, 9.0, 30, 15, False, False), Candidate(s1, 2.5, 10, 5, False, False),
+             Candidate(s2, 2.5, 10, 5, False, False)]
+    chosen = pol.knapsack(cands, 20, 3)
+    assert chosen == {s1: "kv", s2: "kv"}
+    opt, _ = exact_knapsack(cands, 20, 3, 0.2)
+    assert knapsack_value(chosen, cands, 3, 0.2) == pytest.approx(opt) == pytest.approx(5.0)
 
 
 def _run(policy, rate, n=200, extra=()):
