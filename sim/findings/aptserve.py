@@ -215,12 +215,5 @@ WHY = {
               " and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
               "iterations (a likely cause, not isolated); the paper gives no numbers for Fig. 11 and the spec rates "
               "this claim 🟡"),
-    "AS-13": ("the greedy is near-optimal on average but exceeds the 2x bound in some memory-bound steps (up to 29x "
-              "in the 150-request run at the full scale, 13x at the quick one). In the steps we inspected, the "
-              "densest item was a KV option heavier than the whole free-block budget (its hidden option, which would "
-              "fit, was not listed because it is less dense): the greedy stops at that first non-fitting item with an"
-              " empty prefix and keeps the request alone as hidden, missing the smaller items behind it. The "
-              "appendix's bound assumes items heavier than the budget are discarded first; policies/aptserve.py "
-              "knapsack() does not"),
 }
 attach_why(WHY)

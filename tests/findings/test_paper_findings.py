@@ -19,8 +19,6 @@ FULL_ONLY = {"AS-2", "AS-9", "BR-12", "ES-1", "ES-2", "ES-5", "ES-6", "ES-10", "
 # Directions our simulator does not reproduce at the full scale (the claims' why= say why).
 KNOWN_DISAGREEMENTS = {
     "AS-12": "our Apt-Serve-S beats Sarathi but not Apt-Serve (4.00 vs 5.00 req/s at 90%)",
-    "AS-13": "the greedy exceeds the 2x bound in some memory-bound steps (up to 29x): it stops at a KV item heavier "
-             "than the budget",
     "BR-2": "our RR is slower than vLLM on RT normalized latency (BROS is lowest, as the paper says)",
     "BR-3": "BROS's BE throughput is above our RR's",
     "BR-6": "BROS's RT latency rises 2.75x from 1.5 to 6 req/s on one A100",
