@@ -32,6 +32,9 @@ class BatchShape:
         return sum(self.prefill_tokens) + len(self.decode_context)
 
 
+DEQUANT_MODES = ("fused", "separate")
+
+
 class CostModel:
     """Predicts GPU time of one batch. Subclasses follow scikit-learn's contract: knobs in __init__,
     `fit(...)` where it applies, and `batch_time(shape)` as the prediction."""
@@ -41,6 +44,8 @@ class CostModel:
     # 312 TFLOP/s on an A100 (Apt-Serve spec §2.3); INT8 dequantization is a streaming read/write (round figure).
     recompute_compute_eff = 0.64
     stream_memory_eff = 0.8
+    cuda_core_fraction = 0.25      # non-tensor fp16 FLOP/s relative to the tensor-core peak (A100: 78 of 312)
+    dequant = "fused"              # INT8 KV dequantization: fused into attention, or a separate pass (DEQUANT_MODES)
 
     def __init__(self, model=None, gpu=None, kv_bytes_per_token: float | None = None, tp: int = 1,
                  kv_dtype: str | None = None):
@@ -72,11 +77,20 @@ class CostModel:
                    nbytes / (self.gpu.hbm_bytes_per_s * self.stream_memory_eff))
 
     def dequant_time(self, tokens: int) -> float:
-        """Seconds to dequantize `tokens` INT8 KV entries to fp16 (ALISE): read 1 byte, write 2 per element."""
+        """Seconds to dequantize `tokens` INT8 KV entries to fp16 (ALISE), by `self.dequant`:
+
+        'fused' (default): dequantization inside the attention kernel, as ALISE's Triton kernels do (spec alise
+        §2.7): a scale and a zero-point operation per element on the CUDA cores (taken as 1/4 of the tensor-core
+        peak); attention itself is still charged at FP16 bytes, so the halved read traffic is not credited.
+        'separate': a streaming pass before attention, reading 1 byte and writing 2 per element (an upper bound)."""
         if tokens <= 0 or self.gpu is None or self.model is None:
             return 0.0
-        nbytes = tokens * (self.model.kv_bytes_per_token("int8", self.tp) + self.model.kv_bytes_per_token(None, self.tp))
-        return nbytes / (self.gpu.hbm_bytes_per_s * self.stream_memory_eff)
+        fp16_bytes = self.model.kv_bytes_per_token(None, self.tp)
+        if self.dequant == "separate":
+            nbytes = tokens * (self.model.kv_bytes_per_token("int8", self.tp) + fp16_bytes)
+            return nbytes / (self.gpu.hbm_bytes_per_s * self.stream_memory_eff)
+        elements = tokens * fp16_bytes / 2
+        return 2 * elements / (self.gpu.peak_flops * self.cuda_core_fraction)
 
     def memory_time(self, shape: BatchShape) -> float:
         """Seconds the research policies' memory actions add to an iteration: swap traffic over PCIe in each
@@ -128,4 +142,9 @@ def build_costmodel(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel
     kind = spec.pop("kind", "linear")
     if kind not in COSTMODELS:
         raise UserError(f"{where}.kind: unknown cost model {kind!r}; allowed: {', '.join(sorted(COSTMODELS))}")
-    return COSTMODELS[kind](spec, model=model, gpu=gpu, tp=tp, where=where)
+    dequant = spec.pop("dequant", CostModel.dequant)
+    if dequant not in DEQUANT_MODES:
+        raise UserError(f"{where}.dequant: {dequant!r} is not allowed; allowed: {', '.join(DEQUANT_MODES)}")
+    cm = COSTMODELS[kind](spec, model=model, gpu=gpu, tp=tp, where=where)
+    cm.dequant = dequant
+    return cm

@@ -91,3 +91,8 @@ def test_stuck_policy_raises_clear_error():
     sim = Simulation(make_requests([(60, 2)]), pol, TokenCost(), KVCacheManager(100, 1, watermark=0.5))
     with pytest.raises(SimulationStuck, match=r"scheduled nothing and no request is due; 1 waiting"):
         sim.run()
+
+
+def test_unknown_dequant_mode_is_one_line():
+    with pytest.raises(UserError, match=r"costmodel.dequant: 'slow' is not allowed; allowed: fused, separate"):
+        _run({"costmodel": {"kind": "linear", "dequant": "slow"}})

@@ -129,7 +129,8 @@ def test_memory_terms_charged_identically_by_every_kind():
     recompute_flops = 1000 * 2 * 32 * 4096 * 2 * 4096
     recompute_bytes = 1000 * (32 * 4096 * 2 + kv)
     recompute = max(recompute_flops / (A100.peak_flops * 0.64), recompute_bytes / (A100.hbm_bytes_per_s * 0.8))
-    dequant = 500 * (kv / 2 + kv) / (A100.hbm_bytes_per_s * 0.8)
+    fused = 2 * 500 * kv / 2 / (A100.peak_flops * 0.25)          # scale + zero point per fp16 element, CUDA cores
+    separate = 500 * (kv / 2 + kv) / (A100.hbm_bytes_per_s * 0.8)   # read int8, write fp16
     for name, cm in kinds.items():
         t0 = cm.batch_time(base)
         extra = BatchShape([], [], [1000] * 8, swap_in_tokens=300, swap_out_tokens=200)
@@ -137,7 +138,9 @@ def test_memory_terms_charged_identically_by_every_kind():
         extra = BatchShape([], [], [1000] * 8, hidden_recompute_tokens=1000)
         assert cm.batch_time(extra) - t0 == pytest.approx(recompute, rel=1e-9), name
         extra = BatchShape([], [], [1000] * 8, dequant_tokens=500)
-        assert cm.batch_time(extra) - t0 == pytest.approx(dequant, rel=1e-9), name
+        assert cm.batch_time(extra) - t0 == pytest.approx(fused, rel=1e-9), name
+        sep = build_costmodel({"kind": name, "dequant": "separate"}, L7, A100)
+        assert sep.batch_time(extra) - sep.batch_time(base) == pytest.approx(separate, rel=1e-9), name
     # INT8 KV halves swap traffic
     q = build_costmodel({"kind": "linear", "kv_dtype": "int8"}, L7, A100)
     assert q.swap_time(1000) - A100.pcie_latency_s == pytest.approx((kinds["linear"].swap_time(1000) - A100.pcie_latency_s) / 2)
