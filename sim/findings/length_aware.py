@@ -107,7 +107,7 @@ def econo_scenario(dataset, policy, rate, n, padding=None):
 # ---- ALISE (spec alise.md §5) -------------------------------------------------------------------------------
 ALISE_SETUPS = {   # dataset: (M in FP16 tokens, rates)
     "alpaca": (4096, [20, 40, 60, 80, 100, 120, 160, 200]),
-    "sharegpt": (16384, [2, 4, 6, 8, 10, 12]),
+    "sharegpt": (16384, [2, 4, 6, 8, 10, 12, 14, 16, 20]),
 }
 ALISE_REQUESTS = {"alpaca": 2000, "sharegpt": 600}
 INT8 = {"kv_quant_bits": 8}
