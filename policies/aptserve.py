@@ -79,7 +79,7 @@ class AptServe(Policy):
         self.rho = 0.0
         self.stats = {"prefill_iters": 0, "decode_iters": 0, "mixed_iters": 0, "type_switches": 0,
                       "hidden_admissions": 0, "kv_admissions": 0, "knapsack_calls": 0}
-        self.record_knapsacks = False     # tests set it to keep (candidates, budget, N, chosen) per call
+        self.record_knapsacks = False     # tests set it to keep (candidates, budget, N, ρ, chosen, budgets, tokens)
         self.knapsacks: list = []
 
     # -- memory -------------------------------------------------------------------------------------------
@@ -173,7 +173,9 @@ class AptServe(Policy):
             if alone is not None and alone[1] > value:
                 chosen = {critical.cand.req: alone[0]}
         if self.record_knapsacks:
-            self.knapsacks.append((list(cands), budget, N, self.rho, dict(chosen), token_budget, seq_budget))
+            # token counts are taken now: the requests' state moves on after the call
+            self.knapsacks.append((list(cands), budget, N, self.rho, dict(chosen), token_budget, seq_budget,
+                                   [self._tokens(c) for c in cands]))
         return chosen
 
     def _best_alone(self, c: Candidate, budget: int, N: int):

@@ -23,8 +23,8 @@ BROS_KEYS = ("rt_ttft_mean", "rt_tpot_mean", "rt_normalized_latency_mean", "rt_t
 def _comparable(k) -> bool:
     """The DP models the block budget only: keep calls whose token / sequence budgets cannot bind, and where memory
     does bind (otherwise taking everything is trivially optimal)."""
-    cands, budget, _, _, _, tok_b, seq_b = k
-    toks = sum(c.req.input_tokens - c.req.cached if not c.running else 1 for c in cands)
+    cands, budget, _, _, _, tok_b, seq_b, tokens = k
+    toks = sum(tokens)
     return (len(cands) > 1 and (not tok_b or toks <= tok_b) and (not seq_b or len(cands) <= seq_b)
             and sum(c.m for c in cands) > budget)
 
@@ -42,7 +42,7 @@ def greedy_gap(rate: float = 6.0, requests: int = 200, samples: int = 150, seed:
     pick = rng.choice(len(calls), size=min(samples, len(calls)), replace=False)
     ratios, hidden_used = [], 0
     for i in sorted(pick):
-        cands, budget, N, rho, chosen, _, _ = calls[i]
+        cands, budget, N, rho, chosen = calls[i][:5]
         g = knapsack_value(chosen, cands, N, rho)
         opt, _ = exact_knapsack(cands, budget, N, rho)
         ratios.append(opt / g if g > 0 else 1.0)
