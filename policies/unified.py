@@ -106,6 +106,30 @@ class UnifiedScheduler(Policy):
                 return False
         return True
 
+    def decode_cohort(self, view):
+        """Decode-first puts every running decode at the head of the batch, one token each, so the whole set is
+        taken or (budget or KV short) the step falls back to the per-request path (see _take_cohort)."""
+        c = self.config
+        return (type(self) is UnifiedScheduler and c.order == "decode_first" and not c.peak_admission
+                and getattr(view, "plain_reserve", False))
+
+    def _take_cohort(self, view, cohort, batch, stamp) -> bool:
+        """Take the whole decode cohort into the batch if every running decode would get its token this step
+        (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters)."""
+        bs, need, decodes = view.memory.block_size, cohort.blocks_due(), cohort.n
+        for r in view.loose:
+            if r.cached >= r.input_tokens:
+                decodes += 1
+                extra = -(-(r.cached + 1) // bs) - r.blocks
+                if extra > 0:
+                    need += extra
+        if decodes > self.C or need > view.memory.free_blocks:
+            return False
+        batch.cohort_context = cohort.take(stamp)
+        batch.cohort = cohort.n
+        batch.num_tokens += cohort.n
+        return True
+
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):
         k = self.config.rank_key
@@ -120,21 +144,22 @@ class UnifiedScheduler(Policy):
     def _groups(self, view):
         """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
         order = self.config.order
+        running = view.loose if view.cohort is not None else view.running     # cohort members are taken whole
         waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
                            else list(view.waiting))                # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
-            yield list(view.running)
+            yield list(running)
         elif order == "decode_first":
-            run = list(view.running)
+            run = list(running)
             yield [r for r in run if r.cached >= r.input_tokens]
             yield [r for r in run if r.cached < r.input_tokens]
             yield waiting()
         elif order == "running_first":
-            yield list(view.running)
+            yield list(running)
             yield waiting()
         else:
-            yield sorted(list(view.running) + waiting(), key=self._rank)
+            yield sorted(list(running) + waiting(), key=self._rank)
 
     def _admission_target(self, r, c):
         """KV tokens a request must hold after this step when it (re)enters the running set."""
@@ -169,7 +194,8 @@ class UnifiedScheduler(Policy):
     def _victim(self, view, cand, stamp, waiting_cand):
         rule = self.config.victim
         best = None
-        for r in reversed(view.running):
+        # Members of a non-empty cohort were all taken this step, so none is a victim: only loose ones are.
+        for r in reversed(view.loose if view.cohort is not None else view.running):
             if r is cand or r.sched_stamp == stamp:
                 continue
             if waiting_cand and not self._lower_priority(r, cand):
@@ -206,12 +232,18 @@ class UnifiedScheduler(Policy):
         mem, C, hybrid = view.memory, self.C, cfg.hybrid
         bs = mem.block_size if inline else 1
         reqs, tokens = batch.reqs, batch.tokens
+        cohort = view.cohort
+        if cohort is not None and cohort.n:
+            if self._take_cohort(view, cohort, batch, stamp):
+                st["phase"] = False
+            else:
+                cohort.materialize()        # budget or KV short: per request, with eviction, this step
         for group in self._groups(view):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
                 if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C
-                        and cand.state == _RUNNING and (hybrid or not reqs or st["phase"] is False)):
+                        and cand.state == _RUNNING and (hybrid or st["phase"] is not True)):
                     extra = -(-(cand.cached + 1) // bs) - cand.blocks
                     if extra <= 0 or mem.free_blocks >= extra:
                         if extra > 0:
@@ -231,7 +263,7 @@ class UnifiedScheduler(Policy):
         cfg = self.config
         holding = cand.on_gpu
         is_prefill = cand.cached < cand.input_tokens
-        if not cfg.hybrid and batch.reqs and is_prefill != st["phase"]:       # ② CheckHybridBatching
+        if not cfg.hybrid and st["phase"] is not None and is_prefill != st["phase"]:   # ② CheckHybridBatching
             return _NEXT_CAND
         if not holding:
             if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):

@@ -6,6 +6,7 @@ from collections import deque
 import simpy
 
 from costmodels.base import BatchShape
+from sim.cohort import DecodeCohort
 from sim.errors import SimulationStuck
 from sim.fastforward import FastForward
 from sim.itertally import IterationTally
@@ -35,6 +36,13 @@ class ReplicaView:
                               and type(memory).blocks_for is KVCacheManager.blocks_for
                               and type(self).reserve is ReplicaView.reserve)
         self.step_swap_hidden = 0          # swap tokens a policy moved in the background (overlapped with compute)
+        self.cohort = None                 # the engine's DecodeCohort when the policy opted in (sim/cohort.py)
+        self.loose: list = []              # with a cohort: running requests outside it, in running order
+
+    def _run(self, req) -> None:
+        self.running.append(req)
+        if self.cohort is not None:
+            self.loose.append(req)
 
     # -- actions ----------------------------------------------------------------------------------------------
     def reserve(self, req: Request, tokens: int) -> bool:
@@ -47,7 +55,7 @@ class ReplicaView:
             return False
         self.waiting.remove(req)
         req.state = RUNNING
-        self.running.append(req)
+        self._run(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.now
         return True
@@ -57,17 +65,20 @@ class ReplicaView:
             return False
         self.swapped.remove(req)
         req.state = RUNNING
-        self.running.append(req)
+        self._run(req)
         self.kv_cached_tokens += req.cached
         self.step_swap_in += req.cached
         return True
 
     def preempt(self, req: Request, mode: str = "recompute", front: bool = True) -> None:
         """Take a running request off the GPU: swap its KV to CPU, or drop it and recompute later."""
-        if self.running and self.running[-1] is req:
-            self.running.pop()
-        else:
-            self.running.remove(req)
+        if req.cohort is not None:
+            raise RuntimeError(f"{req!r} preempted while in the decode cohort (materialize it first)")
+        for run in (self.running, self.loose) if self.cohort is not None else (self.running,):
+            if run and run[-1] is req:
+                run.pop()
+            else:
+                run.remove(req)
         self.kv_cached_tokens -= req.cached
         self.step_preemptions += 1
         if mode == "swap" and self.memory.can_swap_out(req):
@@ -123,6 +134,13 @@ class Simulation:
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
+        # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
+        # cost model that needs decode sums only, and plain block accounting at full precision.
+        if (fast_forward and policy.decode_cohort(self.view) and costmodel.accepts_decode_sums()
+                and type(memory) is KVCacheManager and self.view.plain_reserve
+                and getattr(memory, "kv_bits", 16) == 16):
+            self.view.cohort = DecodeCohort(self.view, memory)
+        self.cohort = self.view.cohort
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -150,7 +168,7 @@ class Simulation:
             arrived_at_schedule = self.arrived
             view.step_swap_hidden = 0
             batch = policy.schedule(view)
-            if not batch.reqs:
+            if not batch.reqs and not batch.cohort:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
                     raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
                 if self.arrived < total:
@@ -169,6 +187,9 @@ class Simulation:
                     pt.append(c)
                     pc.append(m)
             shape.swap_hidden_tokens = view.step_swap_hidden
+            n_decode = len(dc) + batch.cohort
+            if batch.cohort:
+                shape.cohort_decodes, shape.cohort_decode_context = batch.cohort, batch.cohort_context
             kv_bits = getattr(self.memory, "kv_bits", 16)
             if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
                 shape.kv_bits = kv_bits
@@ -181,9 +202,9 @@ class Simulation:
             self._commit(batch, env.now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
-                self._record(start, dt, len(batch.reqs), sum(pt), len(dc))
+                self._record(start, dt, len(batch.reqs) + batch.cohort, sum(pt), n_decode)
             else:
-                self.tally.add(len(batch.reqs), len(view.running), self.memory.used_tokens)
+                self.tally.add(len(batch.reqs) + batch.cohort, len(view.running), self.memory.used_tokens)
             if self.tokens_generated > gen_before:
                 last_progress = view.iteration
             elif view.iteration - last_progress > self.watchdog_iterations:
@@ -193,7 +214,7 @@ class Simulation:
                 self.truncated = True
                 return
             if self.fast_forward is not None:
-                full_decode = (not pt and len(dc) == len(view.running) and self.completed == completed_before
+                full_decode = (not pt and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
                 yield from self._skip_steady(env, full_decode, arrived_at_schedule)
@@ -224,7 +245,7 @@ class Simulation:
             arrived_at_schedule = self.arrived
 
     def _commit(self, batch, now):
-        view, keep = self.view, self.keep_token_times
+        view = self.view
         finished = False
         generated = 0
         view.kv_cached_tokens += batch.num_tokens
@@ -238,16 +259,39 @@ class Simulation:
                     r.first_token_s = now
                 r.token_times.append(now)
                 if r.generated >= r.output_tokens:
-                    r.completion_s = now
-                    r.state = DONE
-                    view.kv_cached_tokens -= r.cached
-                    self.memory.free(r)
-                    self.completed += 1
+                    self._finish(r, now)
                     finished = True
-                    finalize_request(r, keep)
         self.tokens_generated += generated
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
+        if self.cohort is not None:
+            self._commit_cohort(batch, now, finished)
+
+    def _commit_cohort(self, batch, now, finished):
+        """The cohort's step: its completions; then this batch's running decodes join it for the next steps."""
+        view, cohort = self.view, self.cohort
+        if batch.cohort:
+            self.tokens_generated += batch.cohort
+            for r in cohort.commit(now):
+                cohort.leave(r)
+                self._finish(r, now)
+                view.running.remove(r)
+        joined = False
+        for r in batch.reqs:
+            if r.state == RUNNING and r.cached >= r.input_tokens:
+                cohort.join(r)
+                joined = True
+        if joined or finished:
+            view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
+
+    def _finish(self, r, now):
+        """A request produced its last token at `now`: free its KV and reduce its token times."""
+        r.completion_s = now
+        r.state = DONE
+        self.view.kv_cached_tokens -= r.cached
+        self.memory.free(r)
+        self.completed += 1
+        finalize_request(r, self.keep_token_times)
 
     def _record(self, start, dt, n, prefill, decode):
         it, v = self.iters, self.view
@@ -266,6 +310,8 @@ class Simulation:
 
     def _stuck_message(self, why):
         v = self.view
+        if self.cohort is not None:
+            self.cohort.materialize()
         head = (v.waiting[0] if v.waiting else v.swapped[0] if v.swapped else v.running[0] if v.running else None)
         return (f"simulation stuck at t={v.now:.3f}s, iteration {v.iteration}: {why}; "
                 f"{len(v.waiting)} waiting, {len(v.swapped)} swapped, {len(v.running)} running, "
@@ -278,4 +324,6 @@ class Simulation:
         env.process(self._arrivals(env))
         done = env.process(self._replica(env))
         env.run(until=done)
+        if self.cohort is not None:      # a truncated run leaves members: the tables need their true state
+            self.cohort.materialize()
         return SimResult.from_simulation(self)

@@ -57,6 +57,8 @@ class FastForward:
             return None     # KV nearly full: at most a step or two fit, cheaper to take them the plain way
         if not sim.policy.steady_decode(view, after_full_decode):
             return None
+        if view.cohort is not None:
+            view.cohort.materialize()     # the stretch is planned and applied on per-request state
         n = len(running)
         cached = np.fromiter((r.cached for r in running), np.int64, n)
         rem = np.fromiter((r.output_tokens - r.generated for r in running), np.int64, n)
@@ -141,6 +143,8 @@ class FastForward:
                 finalize_request(r, keep)
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]
+            if view.cohort is not None:
+                view.loose[:] = running
         sim.tokens_generated += generated
         view.iteration = it0 + k
         view.now = float(p.starts[-1])
