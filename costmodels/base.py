@@ -61,7 +61,9 @@ class CostModel:
 
     def accepts_decode_sums(self) -> bool:
         """Does batch_time honour BatchShape.cohort_decodes / cohort_decode_context exactly? Only models whose
-        decode cost depends on the count and Σ(m + 1) alone can; the safe default is False."""
+        decode cost depends on the count and Σ(m + 1) alone can. True also promises that, with no memory action
+        in the shape, batch_time equals time_from_sums of the shape's integer sums (the engine's fast path).
+        The safe default is False."""
         return False
 
     def swap_time(self, tokens: int) -> float:

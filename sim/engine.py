@@ -134,13 +134,8 @@ class Simulation:
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
-        # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
-        # cost model that needs decode sums only, and plain block accounting at full precision.
-        if (fast_forward and policy.decode_cohort(self.view) and costmodel.accepts_decode_sums()
-                and type(memory) is KVCacheManager and self.view.plain_reserve
-                and getattr(memory, "kv_bits", 16) == 16):
-            self.view.cohort = DecodeCohort(self.view, memory)
-        self.cohort = self.view.cohort
+        self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
+        self.cohort = None                      # the steady decode cohort, set up by run() where it applies
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -157,7 +152,7 @@ class Simulation:
                 self._idle.succeed()
 
     def _replica(self, env):
-        view, policy, cm = self.view, self.policy, self.costmodel
+        view, policy = self.view, self.policy
         total = len(self.requests)
         last_progress = 0
         while self.completed < total:
@@ -176,25 +171,7 @@ class Simulation:
                     yield self._idle
                     self._idle = None
                 continue
-            shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
-                               hidden_recompute_tokens=view.step_hidden_recompute)
-            pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
-            for r, c in zip(batch.reqs, batch.tokens):
-                m = r.cached
-                if m >= r.input_tokens:
-                    dc.append(m + 1)
-                else:
-                    pt.append(c)
-                    pc.append(m)
-            shape.swap_hidden_tokens = view.step_swap_hidden
-            n_decode = len(dc) + batch.cohort
-            if batch.cohort:
-                shape.cohort_decodes, shape.cohort_decode_context = batch.cohort, batch.cohort_context
-            kv_bits = getattr(self.memory, "kv_bits", 16)
-            if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
-                shape.kv_bits = kv_bits
-                shape.dequant_tokens = sum(dc) + sum(pc)
-            dt = cm.batch_time(shape)
+            dt, prefill_tokens, n_prefill, n_decode = self._batch_time(batch)
             start = env.now
             yield env.timeout(dt)
             gen_before = self.tokens_generated
@@ -202,7 +179,7 @@ class Simulation:
             self._commit(batch, env.now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
-                self._record(start, dt, len(batch.reqs) + batch.cohort, sum(pt), n_decode)
+                self._record(start, dt, len(batch.reqs) + batch.cohort, prefill_tokens, n_decode)
             else:
                 self.tally.add(len(batch.reqs) + batch.cohort, len(view.running), self.memory.used_tokens)
             if self.tokens_generated > gen_before:
@@ -214,7 +191,7 @@ class Simulation:
                 self.truncated = True
                 return
             if self.fast_forward is not None:
-                full_decode = (not pt and n_decode == len(view.running) and self.completed == completed_before
+                full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
                 yield from self._skip_steady(env, full_decode, arrived_at_schedule)
@@ -223,6 +200,45 @@ class Simulation:
                 if self.max_iterations and view.iteration >= self.max_iterations:
                     self.truncated = True
                     return
+
+    def _batch_time(self, batch):
+        """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
+        view = self.view
+        if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
+                                            or view.step_swap_hidden):
+            # No memory action to charge and a sums-only model (accepts_decode_sums): the integers the shape's
+            # lists would sum to, passed straight to time_from_sums, give the same float.
+            n_dec, kv_read = batch.cohort, batch.cohort_context
+            n_pre = pt = c2 = ck = pk = 0
+            for r, c in zip(batch.reqs, batch.tokens):
+                m = r.cached
+                if m >= r.input_tokens:
+                    n_dec += 1
+                    kv_read += m + 1
+                else:
+                    n_pre += 1
+                    pt += c
+                    c2 += c * c
+                    ck += c * m
+                    pk += m
+            return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+        shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                           hidden_recompute_tokens=view.step_hidden_recompute)
+        pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached
+            if m >= r.input_tokens:
+                dc.append(m + 1)
+            else:
+                pt.append(c)
+                pc.append(m)
+        shape.swap_hidden_tokens = view.step_swap_hidden
+        shape.cohort_decodes, shape.cohort_decode_context = batch.cohort, batch.cohort_context
+        kv_bits = getattr(self.memory, "kv_bits", 16)
+        if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
+            shape.kv_bits = kv_bits
+            shape.dequant_tokens = sum(dc) + sum(pc)
+        return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
 
     def _skip_steady(self, env, full_decode, arrived_at_schedule):
         """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady."""
@@ -321,6 +337,13 @@ class Simulation:
     def run(self):
         env = simpy.Environment()
         self.policy.bind(self.view)
+        # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
+        # cost model that needs decode sums only, and plain block accounting at full precision.
+        if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
+                and self.costmodel.accepts_decode_sums() and type(self.memory) is KVCacheManager
+                and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
+            self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory)
+            self.view.loose[:] = self.view.running
         env.process(self._arrivals(env))
         done = env.process(self._replica(env))
         env.run(until=done)

@@ -14,10 +14,15 @@ PCTS = (50, 90, 99)
 def finalize_request(r, keep_token_times: bool = False) -> None:
     """Reduce a finished request's token times to its TBT statistics (keeps memory flat on long runs)."""
     times = r.token_times
-    if len(times) > 1:
-        gaps = np.diff(np.asarray(times))
-        ordered = sorted(gaps.tolist())
-        r.tbt = (float(gaps.mean()), p99_sorted(ordered), ordered[-1])
+    n = len(times) - 1                     # gaps
+    if n > 0:
+        t = np.array(times, dtype=float)
+        gaps = t[1:] - t[:-1]              # np.diff's values, without its overhead
+        # Only three order statistics are needed (p99's two neighbours and the max): a partition, not a sort.
+        lo = min(math.floor((n - 1) * 0.99), n - 1)
+        part = np.partition(gaps, sorted({lo, min(lo + 1, n - 1), n - 1}))
+        # np.mean is add.reduce divided by the count: the same pairwise sum, the same division.
+        r.tbt = (float(np.add.reduce(gaps)) / n, _p99(n, lambda i: float(part[i])), float(part[n - 1]))
     else:
         r.tbt = (NAN, NAN, NAN)
     if not keep_token_times:
@@ -25,17 +30,21 @@ def finalize_request(r, keep_token_times: bool = False) -> None:
 
 
 def p99_sorted(x: list) -> float:
-    """np.percentile(x, 99) for a sorted list, with numpy's own float steps (same value, ~7x faster per call).
+    """np.percentile(x, 99) for a sorted list, with numpy's own float steps (same value, ~7x faster per call)."""
+    return _p99(len(x), x.__getitem__)
+
+
+def _p99(n: int, at) -> float:
+    """np.percentile(·, 99) of n values whose i-th smallest is at(i).
 
     numpy's default 'linear' method: virtual index (n-1)·q, then its lerp that counts back from the upper
     neighbour when the fraction is at least one half."""
-    n = len(x)
     virtual = (n - 1) * 0.99
     lo = math.floor(virtual)
     if lo >= n - 1:
-        return x[-1]
+        return at(n - 1)
     frac = virtual - lo
-    a, b = x[lo], x[lo + 1]
+    a, b = at(lo), at(lo + 1)
     diff = b - a
     return b - diff * (1 - frac) if frac >= 0.5 else a + diff * frac
 
