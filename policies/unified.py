@@ -101,7 +101,8 @@ class UnifiedScheduler(Policy):
         # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
         if queued and (not after_full_decode or self.config.peak_admission):
             return False
-        for r in view.running:
+        # Cohort members are decodes by construction; only the others need a look.
+        for r in (view.loose if view.cohort is not None else view.running):
             if r.cached < r.input_tokens:
                 return False
         return True

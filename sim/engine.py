@@ -1,6 +1,7 @@
 """The SimPy event loop: an arrivals process feeds a replica process that loops schedule → cost → timeout → commit."""
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import simpy
@@ -8,7 +9,7 @@ import simpy
 from costmodels.base import BatchShape
 from sim.cohort import DecodeCohort
 from sim.errors import SimulationStuck
-from sim.fastforward import FastForward
+from sim.fastforward import FastForward, land_at
 from sim.itertally import IterationTally
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult, finalize_request
@@ -191,10 +192,11 @@ class Simulation:
                 self.truncated = True
                 return
             if self.fast_forward is not None:
+                skip = self._skip_steady if self.cohort is None else self._skip_cohort
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                yield from self._skip_steady(env, full_decode, arrived_at_schedule)
+                yield from skip(env, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -247,16 +249,52 @@ class Simulation:
             plan = ff.plan(env.now, full_decode, arrived_at_schedule)
             if plan is None:
                 return
-            end = float(plan.ends[-1])
             arrived_before = self.arrived
-            yield env.timeout(plan.delay_from(env.now))
-            if env.now != end:                       # land on the plain loop's clock value bit for bit
-                yield env.timeout(end - env.now)
-            if env.now != end:
-                raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
+            yield from land_at(env, float(plan.ends[-1]))
             finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
             # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
+            full_decode = not finished and self.arrived == arrived_before
+            arrived_at_schedule = self.arrived
+
+    def _skip_cohort(self, env, full_decode, arrived_at_schedule):
+        """Run steady steps of the cohort alone, one cheap step at a time, without the scheduler or a SimPy event
+        per step, then move the clock once. Steady as for fast-forward: the policy vouches (steady_decode) that
+        every schedule() would take just the running set, which is all cohort; a stretch stops before a step
+        that would start at or after the next arrival, before a KV block shortfall, at max_iterations, and,
+        with requests queued, after the first completion (freed KV may admit one)."""
+        view, cohort, mem, cm = self.view, self.cohort, self.memory, self.costmodel
+        total = len(self.requests)
+        while self.completed < total:
+            if (view.loose or not cohort.n or self.arrived != arrived_at_schedule
+                    or not self.policy.steady_decode(view, full_decode)):
+                return
+            queued = bool(view.waiting or view.swapped)
+            arrival = self.requests[self.arrived].arrival_s if self.arrived < total else math.inf
+            stop = self.max_iterations or math.inf
+            t = start = env.now
+            finished = False
+            while cohort.n and t < arrival and view.iteration < stop and cohort.blocks_due() <= mem.free_blocks:
+                n = cohort.n
+                view.iteration += 1
+                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, cohort.take(view.iteration))
+                start, t = t, t + dt                   # the float add SimPy's timeout would do
+                view.kv_cached_tokens += n
+                finished |= self._commit_cohort_step(t)
+                if self.record_iterations:
+                    self._record(start, dt, n, 0, n)
+                else:
+                    self.tally.add(n, len(view.running), mem.used_tokens)
+                self.fast_forward_iterations += 1
+                if finished and queued:
+                    break
+            if t == env.now:
+                return
+            arrived_before = self.arrived
+            yield from land_at(env, t)
+            view.now = start
+            if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
+                self.iters["waiting"][-1] = len(view.waiting) + len(view.swapped)
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
 
@@ -287,11 +325,7 @@ class Simulation:
         """The cohort's step: its completions; then this batch's running decodes join it for the next steps."""
         view, cohort = self.view, self.cohort
         if batch.cohort:
-            self.tokens_generated += batch.cohort
-            for r in cohort.commit(now):
-                cohort.leave(r)
-                self._finish(r, now)
-                view.running.remove(r)
+            self._commit_cohort_step(now)
         joined = False
         for r in batch.reqs:
             if r.state == RUNNING and r.cached >= r.input_tokens:
@@ -299,6 +333,17 @@ class Simulation:
                 joined = True
         if joined or finished:
             view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
+
+    def _commit_cohort_step(self, now) -> bool:
+        """Every member got its token at `now`; those whose last token it was complete. Returns whether any did."""
+        cohort = self.cohort
+        self.tokens_generated += cohort.n
+        done = cohort.commit(now)
+        for r in done:
+            cohort.leave(r)
+            self._finish(r, now)
+            self.view.running.remove(r)
+        return bool(done)
 
     def _finish(self, r, now):
         """A request produced its last token at `now`: free its KV and reduce its token times."""

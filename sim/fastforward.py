@@ -18,18 +18,27 @@ class StretchPlan:
     __slots__ = ("k", "starts", "ends", "dts", "cached0", "blocks0", "slack", "rem", "taken", "returned",
                  "waiting_before")
 
-    def delay_from(self, now: float) -> float:
-        """The largest delay d with now + d <= ends[-1]: the clock lands on or just below the stretch's end.
 
-        One addition cannot always land exactly (ties round to even), so the engine then waits the remainder
-        end - (now + d), which is exact because the two values are within a factor of two (Sterbenz)."""
-        end = float(self.ends[-1])
-        d = end - now
-        while now + d < end:
-            d = math.nextafter(d, math.inf)
-        while now + d > end:
-            d = math.nextafter(d, -math.inf)
-        return d
+def delay_to(now: float, end: float) -> float:
+    """The largest delay d with now + d <= end: the clock lands on or just below a stretch's end.
+
+    One addition cannot always land exactly (ties round to even), so the engine then waits the remainder
+    end - (now + d), which is exact because the two values are within a factor of two (Sterbenz)."""
+    d = end - now
+    while now + d < end:
+        d = math.nextafter(d, math.inf)
+    while now + d > end:
+        d = math.nextafter(d, -math.inf)
+    return d
+
+
+def land_at(env, end: float):
+    """SimPy timeouts that move the clock from now to `end` bit for bit (a process yields from this)."""
+    yield env.timeout(delay_to(env.now, end))
+    if env.now != end:
+        yield env.timeout(end - env.now)
+    if env.now != end:
+        raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
 
 
 class FastForward:
