@@ -1,6 +1,7 @@
 """InferMax Algorithm 1 as one configurable loop; vLLM, Sarathi, Orca, ... are presets of it (spec infermax §2)."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from costmodels.errors import UserError
@@ -20,6 +21,20 @@ _RUNNING = "running"   # Request.state of a request on the GPU (sim.request.RUNN
 def _choice(value, allowed, where):
     if value not in allowed:
         raise UserError(f"{where}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+def _snapshot(queue):
+    """Iterate a copy of the waiting deque taken now, copying only if the loop gets past the first candidate
+    (usually it stops there: blocked, next group). While one candidate is considered the deque only loses
+    that candidate (admitted) or gains victims at either end, so the rest of the copy is still one run."""
+    if not queue:
+        return
+    n = len(queue)
+    second = queue[1] if n > 1 else None
+    yield queue[0]
+    if second is not None:
+        i = queue.index(second)      # identity: Request has no __eq__
+        yield from list(itertools.islice(queue, i, i + n - 1))
 
 
 class UnifiedScheduler(Policy):
@@ -147,7 +162,7 @@ class UnifiedScheduler(Policy):
         order = self.config.order
         running = view.loose if view.cohort is not None else view.running     # cohort members are taken whole
         waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
-                           else list(view.waiting))                # (swapped take precedence, vLLM v0)
+                           else _snapshot(view.waiting))           # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
             yield list(running)
@@ -160,7 +175,7 @@ class UnifiedScheduler(Policy):
             yield list(running)
             yield waiting()
         else:
-            yield sorted(list(running) + waiting(), key=self._rank)
+            yield sorted(list(running) + list(waiting()), key=self._rank)
 
     def _admission_target(self, r, c):
         """KV tokens a request must hold after this step when it (re)enters the running set."""

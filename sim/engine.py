@@ -16,6 +16,11 @@ from sim.metrics import SimResult, finalize_request
 from sim.request import DONE, INFEASIBLE, RUNNING, SWAPPED, WAITING, Request
 
 
+# The per-iteration table's columns; the engine keeps a row tuple per iteration (cheaper than 12 appends).
+ITER_COLUMNS = ("start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens", "running", "waiting",
+                "kv_alloc_tokens", "kv_cached_tokens", "preemptions", "swap_in_tokens", "swap_out_tokens")
+
+
 class ReplicaView:
     """What a policy sees of one replica, and the only actions through which it may change state."""
 
@@ -128,9 +133,7 @@ class Simulation:
         self.arrived = 0
         self.tokens_generated = 0
         self.truncated = False
-        self.iters = {k: [] for k in ("start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
-                                      "running", "waiting", "kv_alloc_tokens", "kv_cached_tokens",
-                                      "preemptions", "swap_in_tokens", "swap_out_tokens")}
+        self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
@@ -294,7 +297,8 @@ class Simulation:
             yield from land_at(env, t)
             view.now = start
             if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
-                self.iters["waiting"][-1] = len(view.waiting) + len(view.swapped)
+                row = self.iter_rows[-1]
+                self.iter_rows[-1] = row[:6] + (len(view.waiting) + len(view.swapped),) + row[7:]
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
 
@@ -355,19 +359,16 @@ class Simulation:
         finalize_request(r, self.keep_token_times)
 
     def _record(self, start, dt, n, prefill, decode):
-        it, v = self.iters, self.view
-        it["start_s"].append(start)
-        it["duration_s"].append(dt)
-        it["batch_size"].append(n)
-        it["prefill_tokens"].append(prefill)
-        it["decode_tokens"].append(decode)
-        it["running"].append(len(v.running))
-        it["waiting"].append(len(v.waiting) + len(v.swapped))
-        it["kv_alloc_tokens"].append(self.memory.used_tokens)
-        it["kv_cached_tokens"].append(v.kv_cached_tokens - self.memory.offloaded_tokens)   # GPU-resident
-        it["preemptions"].append(v.step_preemptions)
-        it["swap_in_tokens"].append(v.step_swap_in)
-        it["swap_out_tokens"].append(v.step_swap_out)
+        v, mem = self.view, self.memory
+        self.iter_rows.append((start, dt, n, prefill, decode, len(v.running), len(v.waiting) + len(v.swapped),
+                               mem.used_tokens, v.kv_cached_tokens - mem.offloaded_tokens,   # GPU-resident
+                               v.step_preemptions, v.step_swap_in, v.step_swap_out))
+
+    @property
+    def iters(self) -> dict:
+        """The per-iteration table as columns."""
+        cols = zip(*self.iter_rows) if self.iter_rows else [()] * len(ITER_COLUMNS)
+        return {k: list(c) for k, c in zip(ITER_COLUMNS, cols)}
 
     def _stuck_message(self, why):
         v = self.view

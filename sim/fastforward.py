@@ -178,25 +178,15 @@ class FastForward:
 
     def _record(self, p, active, after, alloc, kv_cached):
         sim = self.sim
-        it, view = sim.iters, sim.view
+        view = sim.view
         k = p.k
-        it["start_s"].extend(p.starts.tolist())
-        it["duration_s"].extend(p.dts.tolist())
         active = active.tolist()
-        it["batch_size"].extend(active)
-        it["prefill_tokens"].extend([0] * k)
-        it["decode_tokens"].extend(active)
-        it["running"].extend(after.tolist())
         # Arrivals due in the last iteration land before its record is written, exactly as in the plain loop.
         waiting = [p.waiting_before] * k
         waiting[-1] = len(view.waiting) + len(view.swapped)
-        it["waiting"].extend(waiting)
-        it["kv_alloc_tokens"].extend(alloc.tolist())
-        it["kv_cached_tokens"].extend(kv_cached.tolist())
         zeros = [0] * k
-        it["preemptions"].extend(zeros)
-        it["swap_in_tokens"].extend(zeros)
-        it["swap_out_tokens"].extend(zeros)
+        sim.iter_rows.extend(zip(p.starts.tolist(), p.dts.tolist(), active, zeros, active, after.tolist(), waiting,
+                                 alloc.tolist(), kv_cached.tolist(), zeros, zeros, zeros))
 
 
 def _block_events(slack: np.ndarray, last: np.ndarray, bs: int, k: int) -> np.ndarray:
