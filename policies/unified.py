@@ -1,7 +1,6 @@
 """InferMax Algorithm 1 as one configurable loop; vLLM, Sarathi, Orca, ... are presets of it (spec infermax §2)."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from costmodels.errors import UserError
@@ -24,17 +23,17 @@ def _choice(value, allowed, where):
 
 
 def _snapshot(queue):
-    """Iterate a copy of the waiting deque taken now, copying only if the loop gets past the first candidate
-    (usually it stops there: blocked, next group). While one candidate is considered the deque only loses
-    that candidate (admitted) or gains victims at either end, so the rest of the copy is still one run."""
-    if not queue:
-        return
-    n = len(queue)
-    second = queue[1] if n > 1 else None
-    yield queue[0]
-    if second is not None:
-        i = queue.index(second)      # identity: Request has no __eq__
-        yield from list(itertools.islice(queue, i, i + n - 1))
+    """Iterate a copy of the waiting deque taken now, without copying it (the loop mostly stops after one or
+    two candidates). While one candidate is considered the deque only loses that candidate (admitted) or
+    gains stamped victims at either end, so the next one of the copy is found at or after the same index."""
+    i = 0
+    for left in range(len(queue) - 1, -1, -1):
+        r = queue[i]
+        nxt = queue[i + 1] if left else None
+        yield r
+        if nxt is None:
+            return
+        i = queue.index(nxt, i)      # identity: Request has no __eq__
 
 
 class UnifiedScheduler(Policy):

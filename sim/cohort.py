@@ -1,7 +1,7 @@
 """Exact steady decode cohort: running decodes that gain one token per step, kept as a count and a sum."""
 from __future__ import annotations
 
-from array import array
+import numpy as np
 
 
 class DecodeCohort:
@@ -24,7 +24,7 @@ class DecodeCohort:
         self.n = 0                  # members
         self.cached = 0             # Σ true cached over members
         self.steps = 0              # steps taken since the cohort was last empty
-        self.ends = array("d")      # ends[s - 1]: end time of step s
+        self.ends = np.empty(1024)  # ends[s - 1]: end time of step s (grown by doubling)
         self.last_iteration = -1    # the iteration in which the latest step ran
         self.block_due = {}         # step → members that need one more KV block to take part in it
         self.done_at = {}           # step → members whose last output token that step produces
@@ -67,18 +67,27 @@ class DecodeCohort:
 
     def commit(self, now: float) -> list:
         """Close the step that ran; returns the members that produced their last token in it (still members)."""
-        self.steps += 1
-        self.ends.append(now)
+        s = self.steps
+        if s == len(self.ends):
+            self.ends = np.concatenate((self.ends, np.empty(s)))
+        self.ends[s] = now
+        self.steps = s + 1
         self.cached += self.n
-        return self.done_at.pop(self.steps, ())
+        return self.done_at.pop(s + 1, ())
 
-    def leave(self, r) -> None:
-        """Take one member out with its true values (it completed)."""
-        self._settle(r)
+    def leave(self, r):
+        """Take out a member that completed: its true counts, and its token times since joining (an array)."""
+        t0, k = r.cohort, self.steps - r.cohort
+        r.cached += k
+        r.generated += k
+        r.sched_stamp = self.last_iteration
+        r.cohort = None
+        tail = self.ends[t0:self.steps].copy()   # survives the reset below
         self.n -= 1
         self.cached -= r.cached
         if not self.n:
             self._reset()
+        return tail
 
     def materialize(self) -> None:
         """Write every member's true values back and empty the cohort: the plain per-request path takes over."""
@@ -96,12 +105,11 @@ class DecodeCohort:
             r.cached += k
             r.generated += k
             r.sched_stamp = self.last_iteration
-            r.token_times.extend(self.ends[t0:self.steps])
+            r.token_times.extend(self.ends[t0:self.steps].tolist())
         r.cohort = None
 
     def _reset(self) -> None:
         """No member refers to past steps any more: drop them (keeps `ends` short on long runs)."""
         self.n = self.cached = self.steps = 0
-        self.ends = array("d")
         self.block_due.clear()
         self.done_at.clear()

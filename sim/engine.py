@@ -159,8 +159,11 @@ class Simulation:
         view, policy = self.view, self.policy
         total = len(self.requests)
         last_progress = 0
+        # The replica's own clock. With the exact fast paths SimPy's catches up (_advance) only when another
+        # process has an event due within an iteration, so an iteration with nothing else going on costs no event.
+        now = env.now
         while self.completed < total:
-            view.now = env.now
+            view.now = now
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = 0
@@ -174,13 +177,17 @@ class Simulation:
                     self._idle = env.event()
                     yield self._idle
                     self._idle = None
+                    now = env.now
                 continue
             dt, prefill_tokens, n_prefill, n_decode = self._batch_time(batch)
-            start = env.now
-            yield env.timeout(dt)
+            start, now = now, now + dt                  # the float add SimPy's timeout does
+            if self.exact_fast_paths:
+                yield from self._advance(env, now)
+            else:                                       # the plain loop: one timeout per iteration
+                yield env.timeout(dt)
             gen_before = self.tokens_generated
             completed_before = self.completed
-            self._commit(batch, env.now)
+            self._commit(batch, now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
                 self._record(start, dt, len(batch.reqs) + batch.cohort, prefill_tokens, n_decode)
@@ -199,7 +206,7 @@ class Simulation:
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                yield from skip(env, full_decode, arrived_at_schedule)
+                now = yield from skip(env, now, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -245,37 +252,49 @@ class Simulation:
             shape.dequant_tokens = sum(dc) + sum(pc)
         return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
 
-    def _skip_steady(self, env, full_decode, arrived_at_schedule):
-        """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady."""
+    @staticmethod
+    def _advance(env, end):
+        """Move SimPy's clock to `end` if another process has an event due by then, so it runs in the same
+        order as if every iteration had been a timeout (ties included: the replica's clock only runs ahead
+        while nothing else is due, and the event due is always older than the timeouts that reach it)."""
+        if env.peek() <= end:
+            yield from land_at(env, end)
+
+    def _skip_steady(self, env, now, full_decode, arrived_at_schedule):
+        """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady;
+        returns the replica's clock after them."""
         ff = self.fast_forward
         while self.completed < len(self.requests):
-            plan = ff.plan(env.now, full_decode, arrived_at_schedule)
+            plan = ff.plan(now, full_decode, arrived_at_schedule)
             if plan is None:
-                return
+                return now
             arrived_before = self.arrived
-            yield from land_at(env, float(plan.ends[-1]))
+            now = float(plan.ends[-1])
+            yield from self._advance(env, now)
             finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
             # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
+        return now
 
-    def _skip_cohort(self, env, full_decode, arrived_at_schedule):
+    def _skip_cohort(self, env, now, full_decode, arrived_at_schedule):
         """Run steady steps of the cohort alone, one cheap step at a time, without the scheduler or a SimPy event
         per step, then move the clock once. Steady as for fast-forward: the policy vouches (steady_decode) that
         every schedule() would take just the running set, which is all cohort; a stretch stops before a step
         that would start at or after the next arrival, before a KV block shortfall, at max_iterations, and,
-        with requests queued, after the first completion (freed KV may admit one)."""
+        with requests queued, after the first completion (freed KV may admit one). Returns the replica's clock."""
         view, cohort, mem, cm = self.view, self.cohort, self.memory, self.costmodel
         total = len(self.requests)
+        t = now
         while self.completed < total:
             if (view.loose or not cohort.n or self.arrived != arrived_at_schedule
                     or not self.policy.steady_decode(view, full_decode)):
-                return
+                return t
             queued = bool(view.waiting or view.swapped)
-            arrival = self.requests[self.arrived].arrival_s if self.arrived < total else math.inf
+            arrival = env.peek()                       # SimPy's exact time of the next arrival (or inf)
             stop = self.max_iterations or math.inf
-            t = start = env.now
+            start = t0 = t
             finished = False
             while cohort.n and t < arrival and view.iteration < stop and cohort.blocks_due() <= mem.free_blocks:
                 n = cohort.n
@@ -291,16 +310,17 @@ class Simulation:
                 self.fast_forward_iterations += 1
                 if finished and queued:
                     break
-            if t == env.now:
-                return
+            if t == t0:
+                return t
             arrived_before = self.arrived
-            yield from land_at(env, t)
+            yield from self._advance(env, t)
             view.now = start
             if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
                 row = self.iter_rows[-1]
                 self.iter_rows[-1] = row[:6] + (len(view.waiting) + len(view.swapped),) + row[7:]
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
+        return t
 
     def _commit(self, batch, now):
         view = self.view
@@ -344,19 +364,19 @@ class Simulation:
         self.tokens_generated += cohort.n
         done = cohort.commit(now)
         for r in done:
-            cohort.leave(r)
-            self._finish(r, now)
+            self._finish(r, now, cohort.leave(r))
             self.view.running.remove(r)
         return bool(done)
 
-    def _finish(self, r, now):
-        """A request produced its last token at `now`: free its KV and reduce its token times."""
+    def _finish(self, r, now, tail=None):
+        """A request produced its last token at `now`: free its KV and reduce its token times (r.token_times
+        and then `tail`, an array of the cohort's step end times)."""
         r.completion_s = now
         r.state = DONE
         self.view.kv_cached_tokens -= r.cached
         self.memory.free(r)
         self.completed += 1
-        finalize_request(r, self.keep_token_times)
+        finalize_request(r, self.keep_token_times, tail)
 
     def _record(self, start, dt, n, prefill, decode):
         v, mem = self.view, self.memory
