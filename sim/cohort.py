@@ -7,11 +7,14 @@ import numpy as np
 class DecodeCohort:
     """Running decode requests that every step extends by one token each, accounted for in aggregate.
 
-    A member's `cached`, `generated`, `sched_stamp` and `token_times` stay as they were when it joined (at
-    step `r.cohort`); its true values are those plus the steps taken since. What is left per request are
-    sparse events, kept in calendars keyed by step: one more KV block every block_size tokens (taken eagerly,
-    so `blocks` and free memory are always exact) and the last token. A member's token times are the slice
-    of `ends` (one end time per step) since it joined: the same floats the plain loop appends one by one.
+    A member's `cached`, `generated`, `blocks`, `sched_stamp` and `token_times` stay as they were when it
+    joined (at step `r.cohort`); its true values follow from the steps taken since. Per step the cohort
+    costs O(1): Σ cached grows by the member count, and the KV blocks due are a counter. A member with s0
+    spare slots in its blocks takes a new block at steps f = join + s0 + 1, f + B, f + 2B, ... (block size
+    B) until its last token, so members are counted by f mod B from f on: step s needs as many blocks as
+    that count for s mod B. Free memory is charged each step, so it is always exact. Per request there are
+    two events, kept in calendars keyed by step: its first new block (f) and its last token. Its token times
+    are the slice of `ends` (one end time per step) since it joined: the floats the plain loop appends.
 
     The engine joins requests at commit and commits each step; a policy that opted in (Policy.decode_cohort)
     either takes the whole cohort for a step (`take`) or calls `materialize` first, which writes the true
@@ -21,35 +24,32 @@ class DecodeCohort:
         self.view = view
         self.memory = memory
         self.block_size = memory.block_size
-        self.n = 0                  # members
-        self.cached = 0             # Σ true cached over members
-        self.steps = 0              # steps taken since the cohort was last empty
-        self.ends = np.empty(1024)  # ends[s - 1]: end time of step s (grown by doubling)
-        self.last_iteration = -1    # the iteration in which the latest step ran
-        self.block_due = {}         # step → members that need one more KV block to take part in it
-        self.done_at = {}           # step → members whose last output token that step produces
+        self.n = 0                          # members
+        self.cached = 0                     # Σ true cached over members
+        self.steps = 0                      # steps taken since the cohort was last empty
+        self.ends = np.empty(1024)          # ends[s - 1]: end time of step s (grown by doubling)
+        self.last_iteration = -1            # the iteration in which the latest step ran
+        self.tokens = 0                     # decode tokens generated in aggregate (diagnostics)
+        self.taking = [0] * self.block_size  # members past their first new block, by f mod B
+        self.first_block = {}               # step f → how many members take their first new block in it
+        self.done_at = {}                   # step → members whose last output token that step produces
 
     # -- the policy's side ------------------------------------------------------------------------------------
     def blocks_due(self) -> int:
         """KV blocks the next step needs (the policy checks they fit before it takes the cohort)."""
-        due = self.block_due.get(self.steps + 1)
-        return len(due) if due else 0
+        s = self.steps + 1
+        return self.taking[s % self.block_size] + self.first_block.get(s, 0)
 
     def take(self, iteration: int) -> int:
-        """Schedule every member for one decode token: reserve the blocks due; returns Σ(m + 1) read."""
+        """Schedule every member for one decode token: charge the blocks due; returns Σ(m + 1) read."""
         s = self.steps + 1
-        due = self.block_due.pop(s, None)
-        if due:
-            self.memory.free_blocks -= len(due)
-            nxt = s + self.block_size
-            later = self.block_due.get(nxt)
-            for r in due:
-                r.blocks += 1
-                if nxt <= r.cohort + r.output_tokens - r.generated:     # still running at that step
-                    if later is None:
-                        later = self.block_due[nxt] = []
-                    later.append(r)
+        res = s % self.block_size
+        first = self.first_block.pop(s, 0)
+        if first:
+            self.taking[res] += first
+        self.memory.free_blocks -= self.taking[res]
         self.last_iteration = iteration
+        self.tokens += self.n
         return self.cached + self.n
 
     # -- the engine's side --------------------------------------------------------------------------------------
@@ -61,9 +61,9 @@ class DecodeCohort:
         self.cached += r.cached
         last = t0 + r.output_tokens - r.generated
         self.done_at.setdefault(last, []).append(r)
-        first_block = t0 + r.blocks * self.block_size - r.cached + 1    # step whose token overflows the blocks
-        if first_block <= last:
-            self.block_due.setdefault(first_block, []).append(r)
+        f = self._first_block_step(r)
+        if f <= last:
+            self.first_block[f] = self.first_block.get(f, 0) + 1
 
     def commit(self, now: float) -> list:
         """Close the step that ran; returns the members that produced their last token in it (still members)."""
@@ -76,13 +76,14 @@ class DecodeCohort:
         return self.done_at.pop(s + 1, ())
 
     def leave(self, r):
-        """Take out a member that completed: its true counts, and its token times since joining (an array)."""
-        t0, k = r.cohort, self.steps - r.cohort
-        r.cached += k
-        r.generated += k
-        r.sched_stamp = self.last_iteration
-        r.cohort = None
-        tail = self.ends[t0:self.steps].copy()   # survives the reset below
+        """Take out a member that completed in the latest step: its true state, and its token times since
+        joining (an array)."""
+        f = self._first_block_step(r)
+        if f <= self.steps:                 # it was taking blocks: it stops now
+            self.taking[f % self.block_size] -= 1
+        t0 = r.cohort
+        tail = self.ends[t0:self.steps].copy()  # survives a reset below
+        self._settle(r)
         self.n -= 1
         self.cached -= r.cached
         if not self.n:
@@ -94,22 +95,28 @@ class DecodeCohort:
         if self.n:
             for r in self.view.running:
                 if r.cohort is not None:
+                    r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
                     self._settle(r)
             self._reset()
         self.view.loose[:] = self.view.running
 
+    def _first_block_step(self, r) -> int:
+        """The step whose token first overflows a member's blocks at joining (from its joining-time state)."""
+        return r.cohort + r.blocks * self.block_size - r.cached + 1
+
     def _settle(self, r) -> None:
-        t0 = r.cohort
-        k = self.steps - t0
+        """True cached, generated, blocks and stamp (token times are the caller's), and out of the cohort."""
+        k = self.steps - r.cohort
         if k:
             r.cached += k
             r.generated += k
+            r.blocks = max(r.blocks, -(-r.cached // self.block_size))   # every step reserved up to its token
             r.sched_stamp = self.last_iteration
-            r.token_times.extend(self.ends[t0:self.steps].tolist())
         r.cohort = None
 
     def _reset(self) -> None:
-        """No member refers to past steps any more: drop them (keeps `ends` short on long runs)."""
+        """No member refers to past steps any more: start the step count over (keeps `ends` short)."""
         self.n = self.cached = self.steps = 0
-        self.block_due.clear()
+        self.taking = [0] * self.block_size
+        self.first_block.clear()
         self.done_at.clear()
