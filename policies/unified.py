@@ -36,6 +36,18 @@ def _snapshot(queue):
         i = queue.index(nxt, i)      # identity: Request has no __eq__
 
 
+def _take_blocks(mem, r, tokens) -> bool:
+    """KVCacheManager.reserve inlined (the view vouched for plain block accounting: view.plain_reserve)."""
+    extra = -(-tokens // mem.block_size) - r.blocks
+    if extra <= 0:
+        return True
+    if mem.free_blocks < extra:
+        return False
+    mem.free_blocks -= extra
+    r.blocks += extra
+    return True
+
+
 class UnifiedScheduler(Policy):
     """GetNextBatch of Algorithm 1: ordered groups → hybrid check → CanAllocate(C, P, M, R_max) → evict or move on."""
 
@@ -241,12 +253,11 @@ class UnifiedScheduler(Policy):
         batch = Batch()
         stamp = view.iteration
         st = {"preempted": False, "phase": None, "static_block": cfg.static_batching and bool(view.running)}
-        # Hot path: a running decode that fits the budget and its next block is what most candidates are;
-        # it is taken inline (same state changes as _consider) and anything else goes through _consider.
+        # Hot path: a running request whose share (one decode token, or a prefill chunk) fits the budget and
+        # its next blocks is what most candidates are; it is taken inline (the state changes _consider makes)
+        # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
         inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
-        mem, C, hybrid = view.memory, self.C, cfg.hybrid
-        bs = mem.block_size if inline else 1
-        reqs, tokens = batch.reqs, batch.tokens
+        mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
         cohort = view.cohort
         if cohort is not None and cohort.n:
             if self._take_cohort(view, cohort, batch, stamp):
@@ -257,18 +268,21 @@ class UnifiedScheduler(Policy):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
-                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C
-                        and cand.state == _RUNNING and (hybrid or st["phase"] is not True)):
-                    extra = -(-(cand.cached + 1) // bs) - cand.blocks
-                    if extra <= 0 or mem.free_blocks >= extra:
-                        if extra > 0:
-                            mem.free_blocks -= extra
-                            cand.blocks += extra
+                if inline and cand.state == _RUNNING:
+                    m, phase = cand.cached, st["phase"]
+                    if m >= cand.input_tokens:
+                        c = 1 if batch.num_tokens < C and (hybrid or phase is not True) else 0
+                    elif chunked and (hybrid or phase is not False):
+                        used = batch.num_tokens
+                        c = min(cand.input_tokens - m, C - used,
+                                self.P - (used if cfg.p_counts_decode_tokens else batch.num_prefill_tokens))
+                    else:
+                        c = 0
+                    if c > 0 and _take_blocks(mem, cand, m + c):
                         cand.sched_stamp = stamp
-                        reqs.append(cand)
-                        tokens.append(1)
-                        batch.num_tokens += 1
-                        st["phase"] = False
+                        prefill = m < cand.input_tokens
+                        batch.add(cand, c, prefill)
+                        st["phase"] = prefill
                         continue
                 if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
                     break

@@ -182,7 +182,8 @@ class Simulation:
             dt, prefill_tokens, n_prefill, n_decode = self._batch_time(batch)
             start, now = now, now + dt                  # the float add SimPy's timeout does
             if self.exact_fast_paths:
-                yield from self._advance(env, now)
+                if env.peek() <= now:                   # see _advance (inlined: most iterations skip it)
+                    yield from land_at(env, now)
             else:                                       # the plain loop: one timeout per iteration
                 yield env.timeout(dt)
             gen_before = self.tokens_generated
@@ -201,7 +202,7 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
-            if self.fast_forward is not None:
+            if self.fast_forward is not None and (self.cohort is None or not view.loose):
                 skip = self._skip_steady if self.cohort is None else self._skip_cohort
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
@@ -323,8 +324,10 @@ class Simulation:
         return t
 
     def _commit(self, batch, now):
-        view = self.view
-        finished = False
+        view, cohort = self.view, self.cohort
+        if batch.cohort:                   # first: members joining below take part from the next step on
+            self._commit_cohort_step(now)
+        finished = joined = False
         generated = 0
         view.kv_cached_tokens += batch.num_tokens
         for r, c in zip(batch.reqs, batch.tokens):
@@ -339,22 +342,12 @@ class Simulation:
                 if r.generated >= r.output_tokens:
                     self._finish(r, now)
                     finished = True
+                elif cohort is not None:   # a running decode: steady from now on, until shown otherwise
+                    cohort.join(r)
+                    joined = True
         self.tokens_generated += generated
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
-        if self.cohort is not None:
-            self._commit_cohort(batch, now, finished)
-
-    def _commit_cohort(self, batch, now, finished):
-        """The cohort's step: its completions; then this batch's running decodes join it for the next steps."""
-        view, cohort = self.view, self.cohort
-        if batch.cohort:
-            self._commit_cohort_step(now)
-        joined = False
-        for r in batch.reqs:
-            if r.state == RUNNING and r.cached >= r.input_tokens:
-                cohort.join(r)
-                joined = True
         if joined or finished:
             view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
 
