@@ -178,9 +178,11 @@ class UnifiedScheduler(Policy):
             yield waiting()
             yield list(running)
         elif order == "decode_first":
-            run = list(running)
-            yield [r for r in run if r.cached >= r.input_tokens]
-            yield [r for r in run if r.cached < r.input_tokens]
+            decodes, prefills = [], []
+            for r in running:
+                (decodes if r.cached >= r.input_tokens else prefills).append(r)
+            yield decodes
+            yield prefills
             yield waiting()
         elif order == "running_first":
             yield list(running)

@@ -81,8 +81,7 @@ class DecodeCohort:
         f = self._first_block_step(r)
         if f <= self.steps:                 # it was taking blocks: it stops now
             self.taking[f % self.block_size] -= 1
-        t0 = r.cohort
-        tail = self.ends[t0:self.steps].copy()  # survives a reset below
+        tail = self.ends[r.cohort:self.steps]   # a view: the caller reads it before the next step overwrites
         self._settle(r)
         self.n -= 1
         self.cached -= r.cached

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import numpy as np
 import simpy
 
 from costmodels.base import BatchShape
@@ -379,9 +380,11 @@ class Simulation:
 
     @property
     def iters(self) -> dict:
-        """The per-iteration table as columns."""
-        cols = zip(*self.iter_rows) if self.iter_rows else [()] * len(ITER_COLUMNS)
-        return {k: list(c) for k, c in zip(ITER_COLUMNS, cols)}
+        """The per-iteration table as columns: the two times float64, the counts int64 (exact below 2**53)."""
+        if not self.iter_rows:
+            return {k: [] for k in ITER_COLUMNS}
+        a = np.array(self.iter_rows, dtype=float)
+        return {k: a[:, i] if i < 2 else a[:, i].astype(np.int64) for i, k in enumerate(ITER_COLUMNS)}
 
     def _stuck_message(self, why):
         v = self.view

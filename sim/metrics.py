@@ -22,7 +22,7 @@ def finalize_request(r, keep_token_times: bool = False, tail=None) -> None:
         lo = math.floor((n - 1) * 0.99)
         top = sorted(np.partition(gaps, lo)[lo:].tolist())
         # np.mean is add.reduce divided by the count: the same pairwise sum, the same division.
-        r.tbt = (float(np.add.reduce(gaps)) / n, _p99(n, lambda i: top[i - lo]), top[-1])
+        r.tbt = (float(np.add.reduce(gaps)) / n, _p99(n, top.__getitem__, lo), top[-1])
     else:
         r.tbt = (NAN, NAN, NAN)
     if keep_token_times:
@@ -37,17 +37,17 @@ def p99_sorted(x: list) -> float:
     return _p99(len(x), x.__getitem__)
 
 
-def _p99(n: int, at) -> float:
-    """np.percentile(·, 99) of n values whose i-th smallest is at(i).
+def _p99(n: int, at, first: int = 0) -> float:
+    """np.percentile(·, 99) of n values whose i-th smallest is at(i - first).
 
     numpy's default 'linear' method: virtual index (n-1)·q, then its lerp that counts back from the upper
     neighbour when the fraction is at least one half."""
     virtual = (n - 1) * 0.99
     lo = math.floor(virtual)
     if lo >= n - 1:
-        return at(n - 1)
+        return at(n - 1 - first)
     frac = virtual - lo
-    a, b = at(lo), at(lo + 1)
+    a, b = at(lo - first), at(lo + 1 - first)
     diff = b - a
     return b - diff * (1 - frac) if frac >= 0.5 else a + diff * frac
 
