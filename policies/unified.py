@@ -260,6 +260,7 @@ class UnifiedScheduler(Policy):
         # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
         inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
         mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
+        group_stops = inline and hybrid and chunked and not cfg.skip_blocked
         cohort = view.cohort
         if cohort is not None and cohort.n:
             if self._take_cohort(view, cohort, batch, stamp):
@@ -286,6 +287,10 @@ class UnifiedScheduler(Policy):
                         batch.add(cand, c, prefill)
                         st["phase"] = prefill
                         continue
+                elif group_stops and cand.cached < cand.input_tokens and min(
+                        C - batch.num_tokens,
+                        self.P - (batch.num_tokens if cfg.p_counts_decode_tokens else batch.num_prefill_tokens)) <= 0:
+                    break       # a prefill with no budget left: _consider would say next group (chunked, hybrid)
                 if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
                     break
         return batch
