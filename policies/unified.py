@@ -143,17 +143,19 @@ class UnifiedScheduler(Policy):
     def _take_cohort(self, view, cohort, batch, stamp) -> bool:
         """Take the whole decode cohort into the batch if every running decode would get its token this step
         (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters)."""
-        bs, need, decodes = view.memory.block_size, cohort.blocks_due(), cohort.n
+        bs, need, decodes = view.memory.block_size, 0, cohort.n
         for r in view.loose:
             if r.cached >= r.input_tokens:
                 decodes += 1
                 extra = -(-(r.cached + 1) // bs) - r.blocks
                 if extra > 0:
                     need += extra
-        if decodes > self.C or need > view.memory.free_blocks:
+        if decodes > self.C:
             return False
-        batch.cohort_context = cohort.take(stamp)
-        batch.cohort = cohort.n
+        context = cohort.take(stamp, need)
+        if context is None:
+            return False
+        batch.cohort, batch.cohort_context = cohort.n, context
         batch.num_tokens += cohort.n
         return True
 

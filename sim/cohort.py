@@ -35,19 +35,19 @@ class DecodeCohort:
         self.done_at = {}                   # step → members whose last output token that step produces
 
     # -- the policy's side ------------------------------------------------------------------------------------
-    def blocks_due(self) -> int:
-        """KV blocks the next step needs (the policy checks they fit before it takes the cohort)."""
-        s = self.steps + 1
-        return self.taking[s % self.block_size] + self.first_block.get(s, 0)
-
-    def take(self, iteration: int) -> int:
-        """Schedule every member for one decode token: charge the blocks due; returns Σ(m + 1) read."""
+    def take(self, iteration: int, also_blocks: int = 0):
+        """Schedule every member for one decode token and charge the KV blocks due; returns Σ(m + 1) read, or
+        None (and no change) if those blocks plus `also_blocks` more do not fit free memory."""
         s = self.steps + 1
         res = s % self.block_size
-        first = self.first_block.pop(s, 0)
+        first = self.first_block.get(s, 0)
+        due = self.taking[res] + first
+        if due + also_blocks > self.memory.free_blocks:
+            return None
         if first:
+            del self.first_block[s]
             self.taking[res] += first
-        self.memory.free_blocks -= self.taking[res]
+        self.memory.free_blocks -= due
         self.last_iteration = iteration
         self.tokens += self.n
         return self.cached + self.n

@@ -298,10 +298,13 @@ class Simulation:
             stop = self.max_iterations or math.inf
             start = t0 = t
             finished = False
-            while cohort.n and t < arrival and view.iteration < stop and cohort.blocks_due() <= mem.free_blocks:
+            while cohort.n and t < arrival and view.iteration < stop:
                 n = cohort.n
+                context = cohort.take(view.iteration + 1)
+                if context is None:                    # KV short: the plain loop evicts
+                    break
                 view.iteration += 1
-                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, cohort.take(view.iteration))
+                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, context)
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
                 view.kv_cached_tokens += n
                 finished |= self._commit_cohort_step(t)
