@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -63,27 +64,33 @@ class SLO:
 
 
 def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
-    """One row per request, finished or not (unfinished rows have NaN times)."""
-    rows = []
-    for r in requests:
-        tbt = r.tbt or (NAN, NAN, NAN)
-        done = r.completion_s is not None
-        ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else NAN
-        e2e = r.completion_s - r.arrival_s if done else NAN
-        tpot = ((r.completion_s - r.first_token_s) / (r.output_tokens - 1)
-                if done and r.output_tokens > 1 else NAN)
-        rows.append((r.id, r.cls, r.state, r.arrival_s, r.prompt_tokens, r.output_tokens, r.predicted_output_tokens,
-                     r.generated, r.first_scheduled_s if r.first_scheduled_s is not None else NAN,
-                     r.first_token_s if r.first_token_s is not None else NAN,
-                     r.completion_s if done else NAN, ttft, tpot, tbt[0], tbt[1], tbt[2], e2e,
-                     e2e / r.output_tokens if done else NAN,
-                     (r.first_scheduled_s - r.arrival_s) if r.first_scheduled_s is not None else NAN,
-                     r.evictions, r.swaps, r.evicted_tokens, r.reason or ""))
-    df = pd.DataFrame(rows, columns=[
-        "id", "cls", "status", "arrival_s", "prompt_tokens", "output_tokens", "predicted_output_tokens",
-        "generated_tokens", "first_scheduled_s", "first_token_s", "completion_s", "ttft_s", "tpot_s",
-        "tbt_mean_s", "tbt_p99_s", "tbt_max_s", "e2e_s", "normalized_latency_s", "queueing_s",
-        "evictions", "swaps", "evicted_tokens", "reason"])
+    """One row per request, finished or not (unfinished rows have NaN times). Built column-wise: the same float
+    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed."""
+    reqs = list(requests)
+
+    def col(name, dtype=None):
+        return np.array(list(map(attrgetter(name), reqs)), dtype=dtype)
+
+    def times(name):
+        return np.array([NAN if v is None else v for v in map(attrgetter(name), reqs)], dtype=float)
+
+    arrival, out = col("arrival_s", float), col("output_tokens", np.int64)
+    first_sched, first_tok, comp = times("first_scheduled_s"), times("first_token_s"), times("completion_s")
+    tbt = np.array([r.tbt or (NAN, NAN, NAN) for r in reqs], dtype=float).reshape(-1, 3)
+    e2e = comp - arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where((out > 1) & ~np.isnan(comp), (comp - first_tok) / (out - 1), NAN)
+        normalized = e2e / out
+    df = pd.DataFrame({
+        "id": col("id", np.int64), "cls": col("cls", object), "status": col("state", object), "arrival_s": arrival,
+        "prompt_tokens": col("prompt_tokens", np.int64), "output_tokens": out,
+        "predicted_output_tokens": col("predicted_output_tokens", np.int64), "generated_tokens": col("generated", np.int64),
+        "first_scheduled_s": first_sched, "first_token_s": first_tok, "completion_s": comp,
+        "ttft_s": first_tok - arrival, "tpot_s": tpot, "tbt_mean_s": tbt[:, 0], "tbt_p99_s": tbt[:, 1],
+        "tbt_max_s": tbt[:, 2], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
+        "evictions": col("evictions", np.int64), "swaps": col("swaps", np.int64),
+        "evicted_tokens": col("evicted_tokens", np.int64),
+        "reason": np.array([r.reason or "" for r in reqs], dtype=object)})
     df["slo_attained"] = slo_attained(df, slos or {})
     return df
 
