@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.metrics import finalize_many
+
+FLUSH = 4096    # completed members whose TBT statistics are computed together (finalize_many)
+
 
 class DecodeCohort:
     """Running decode requests that every step extends by one token each, accounted for in aggregate.
@@ -20,9 +24,11 @@ class DecodeCohort:
     either takes the whole cohort for a step (`take`) or calls `materialize` first, which writes the true
     values back and empties the cohort, so anything that needs the per-request picture gets it."""
 
-    def __init__(self, view, memory):
+    def __init__(self, view, memory, keep_token_times: bool = False):
         self.view = view
         self.memory = memory
+        self.keep_token_times = keep_token_times
+        self.pending = []                   # (completed request, its token times since joining) to finalize
         self.block_size = memory.block_size
         self.n = 0                          # members
         self.cached = 0                     # Σ true cached over members
@@ -75,19 +81,25 @@ class DecodeCohort:
         self.cached += self.n
         return self.done_at.pop(s + 1, ())
 
-    def leave(self, r):
-        """Take out a member that completed in the latest step: its true state, and its token times since
-        joining (an array)."""
+    def leave(self, r) -> None:
+        """Take out a member that completed in the latest step with its true state; its TBT statistics follow
+        at the next flush (many at once are cheaper), from its token times since joining."""
         f = self._first_block_step(r)
         if f <= self.steps:                 # it was taking blocks: it stops now
             self.taking[f % self.block_size] -= 1
-        tail = self.ends[r.cohort:self.steps]   # a view: the caller reads it before the next step overwrites
+        self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
+        if len(self.pending) >= FLUSH:
+            self.flush()
         self._settle(r)
         self.n -= 1
         self.cached -= r.cached
         if not self.n:
             self._reset()
-        return tail
+
+    def flush(self) -> None:
+        """Reduce the completed members' token times to their TBT statistics (finalize_request's floats)."""
+        finalize_many(self.pending, self.keep_token_times)
+        self.pending.clear()
 
     def materialize(self) -> None:
         """Write every member's true values back and empty the cohort: the plain per-request path takes over."""
@@ -116,6 +128,8 @@ class DecodeCohort:
     def _reset(self) -> None:
         """No member refers to past steps any more: start the step count over (keeps `ends` short)."""
         self.n = self.cached = self.steps = 0
+        if self.pending:                    # their views keep the old end times; later steps write a new array
+            self.ends = np.empty(1024)
         self.taking = [0] * self.block_size
         self.first_block.clear()
         self.done_at.clear()

@@ -361,19 +361,20 @@ class Simulation:
         self.tokens_generated += cohort.n
         done = cohort.commit(now)
         for r in done:
-            self._finish(r, now, cohort.leave(r))
+            cohort.leave(r)
+            self._finish(r, now, finalize=False)       # the cohort finalizes its completions in batches
             self.view.running.remove(r)
         return bool(done)
 
-    def _finish(self, r, now, tail=None):
-        """A request produced its last token at `now`: free its KV and reduce its token times (r.token_times
-        and then `tail`, an array of the cohort's step end times)."""
+    def _finish(self, r, now, finalize=True):
+        """A request produced its last token at `now`: free its KV and reduce its token times."""
         r.completion_s = now
         r.state = DONE
         self.view.kv_cached_tokens -= r.cached
         self.memory.free(r)
         self.completed += 1
-        finalize_request(r, self.keep_token_times, tail)
+        if finalize:
+            finalize_request(r, self.keep_token_times)
 
     def _record(self, start, dt, n, prefill, decode):
         v, mem = self.view, self.memory
@@ -407,11 +408,12 @@ class Simulation:
         if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
                 and self.costmodel.accepts_decode_sums() and type(self.memory) is KVCacheManager
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
-            self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory)
+            self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
             self.view.loose[:] = self.view.running
         env.process(self._arrivals(env))
         done = env.process(self._replica(env))
         env.run(until=done)
-        if self.cohort is not None:      # a truncated run leaves members: the tables need their true state
+        if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
+            self.cohort.flush()
             self.cohort.materialize()
         return SimResult.from_simulation(self)

@@ -185,6 +185,28 @@ def test_finalize_is_numpys_mean_percentile_and_max():
             assert r.token_times == [times[0], times[-1]]
 
 
+def test_finalize_many_is_finalize_request_one_by_one():
+    """Batched TBT statistics (equal token counts reduced row-wise) give each request's own floats."""
+    from sim.metrics import finalize_many, finalize_request
+    from sim.request import Request
+    rng = np.random.default_rng(5)
+    for keep in (False, True):
+        one, many = [], []
+        for i in range(600):
+            n = int(rng.choice([1, 2, 3, 8, 9, 100, 101, 102, 129, 130, 257, 1000]))
+            times = np.cumsum(rng.random(n) * rng.choice([1e-3, 1.0]) + rng.choice([0.0, 1e4]))
+            h = int(rng.integers(0, n + 1))
+            a, b = Request(i, 0.0, 1, n), Request(i, 0.0, 1, n)
+            a.token_times, b.token_times = times[:h].tolist(), times[:h].tolist()
+            finalize_request(a, keep, times[h:])
+            one.append(a)
+            many.append((b, times[h:]))
+        finalize_many(many, keep)
+        for a, (b, _) in zip(one, many):
+            assert a.tbt == b.tbt or all(x != x for x in a.tbt + b.tbt)     # NaN: fewer than two tokens
+            assert a.token_times == b.token_times
+
+
 def test_p99_helper_is_numpys_percentile():
     rng = np.random.default_rng(1)
     for n in list(range(1, 40)) + [101, 257, 999]:
