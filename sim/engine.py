@@ -8,9 +8,10 @@ import numpy as np
 import simpy
 
 from costmodels.base import BatchShape
+from sim.arrivals import ArrivalClock
 from sim.cohort import DecodeCohort
 from sim.errors import SimulationStuck
-from sim.fastforward import FastForward, land_at
+from sim.fastforward import FastForward
 from sim.itertally import IterationTally
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult, finalize_request
@@ -141,6 +142,7 @@ class Simulation:
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
+        self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -157,12 +159,12 @@ class Simulation:
                 self._idle.succeed()
 
     def _replica(self, env):
-        view, policy = self.view, self.policy
+        """The replica loop. Under SimPy (the plain loop) every iteration is a timeout; with the exact fast
+        paths `env` is None, the ArrivalClock replays the arrivals process, and the loop never yields."""
+        view, policy, clock = self.view, self.policy, self.arrival_clock
         total = len(self.requests)
         last_progress = 0
-        # The replica's own clock. With the exact fast paths SimPy's catches up (_advance) only when another
-        # process has an event due within an iteration, so an iteration with nothing else going on costs no event.
-        now = env.now
+        now = 0 if env is None else env.now
         while self.completed < total:
             view.now = now
             view.iteration += 1
@@ -174,7 +176,10 @@ class Simulation:
             if not batch.reqs and not batch.cohort:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
                     raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
-                if self.arrived < total:
+                if self.arrived < total and clock is not None:
+                    now = clock.wake()
+                    self.arrived = clock.arrived
+                elif self.arrived < total:
                     self._idle = env.event()
                     yield self._idle
                     self._idle = None
@@ -182,11 +187,10 @@ class Simulation:
                 continue
             dt, prefill_tokens, n_prefill, n_decode = self._batch_time(batch)
             start, now = now, now + dt                  # the float add SimPy's timeout does
-            if self.exact_fast_paths:
-                if env.peek() <= now:                   # see _advance (inlined: most iterations skip it)
-                    yield from land_at(env, now)
-            else:                                       # the plain loop: one timeout per iteration
+            if clock is None:                           # the plain loop: one timeout per iteration
                 yield env.timeout(dt)
+            elif clock.time <= now:
+                self._deliver(start, now)
             gen_before = self.tokens_generated
             completed_before = self.completed
             self._commit(batch, now)
@@ -208,7 +212,7 @@ class Simulation:
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                now = yield from skip(env, now, full_decode, arrived_at_schedule)
+                now = skip(now, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -254,15 +258,12 @@ class Simulation:
             shape.dequant_tokens = sum(dc) + sum(pc)
         return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
 
-    @staticmethod
-    def _advance(env, end):
-        """Move SimPy's clock to `end` if another process has an event due by then, so it runs in the same
-        order as if every iteration had been a timeout (ties included: the replica's clock only runs ahead
-        while nothing else is due, and the event due is always older than the timeouts that reach it)."""
-        if env.peek() <= end:
-            yield from land_at(env, end)
+    def _deliver(self, start, end):
+        """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""
+        self.arrival_clock.deliver_until(start, end)
+        self.arrived = self.arrival_clock.arrived
 
-    def _skip_steady(self, env, now, full_decode, arrived_at_schedule):
+    def _skip_steady(self, now, full_decode, arrived_at_schedule):
         """Advance whole steady decode stretches in closed form (sim/fastforward.py) until one is not steady;
         returns the replica's clock after them."""
         ff = self.fast_forward
@@ -272,7 +273,7 @@ class Simulation:
                 return now
             arrived_before = self.arrived
             now = float(plan.ends[-1])
-            yield from self._advance(env, now)
+            self._deliver(float(plan.starts[-1]), now)
             finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
             # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
@@ -280,7 +281,7 @@ class Simulation:
             arrived_at_schedule = self.arrived
         return now
 
-    def _skip_cohort(self, env, now, full_decode, arrived_at_schedule):
+    def _skip_cohort(self, now, full_decode, arrived_at_schedule):
         """Run steady steps of the cohort alone, one cheap step at a time, without the scheduler or a SimPy event
         per step, then move the clock once. Steady as for fast-forward: the policy vouches (steady_decode) that
         every schedule() would take just the running set, which is all cohort; a stretch stops before a step
@@ -294,7 +295,7 @@ class Simulation:
                     or not self.policy.steady_decode(view, full_decode)):
                 return t
             queued = bool(view.waiting or view.swapped)
-            arrival = env.peek()                       # SimPy's exact time of the next arrival (or inf)
+            arrival = self.arrival_clock.time         # the next arrival event's exact time (or inf)
             stop = self.max_iterations or math.inf
             start = t0 = t
             finished = False
@@ -318,7 +319,7 @@ class Simulation:
             if t == t0:
                 return t
             arrived_before = self.arrived
-            yield from self._advance(env, t)
+            self._deliver(start, t)
             view.now = start
             if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
                 row = self.iter_rows[-1]
@@ -401,7 +402,6 @@ class Simulation:
 
     # -- entry point --------------------------------------------------------------------------------------------
     def run(self):
-        env = simpy.Environment()
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
@@ -410,9 +410,16 @@ class Simulation:
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
             self.view.loose[:] = self.view.running
-        env.process(self._arrivals(env))
-        done = env.process(self._replica(env))
-        env.run(until=done)
+        if self.exact_fast_paths:            # no SimPy: the clock replays the arrivals process's events
+            self.arrival_clock = ArrivalClock(self.requests, self.view.waiting)
+            self.arrived = self.arrival_clock.arrived
+            for _ in self._replica(None):
+                raise RuntimeError("the fast-path replica loop never waits on SimPy")
+        else:
+            env = simpy.Environment()
+            env.process(self._arrivals(env))
+            done = env.process(self._replica(env))
+            env.run(until=done)
         if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
             self.cohort.flush()
             self.cohort.materialize()

@@ -1,7 +1,6 @@
 """Exact fast-forward: advance k decode-only iterations at once, recording what the plain loop would record."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -17,28 +16,6 @@ class StretchPlan:
     """The k iterations to skip: their start/end times and durations, and the state they start from."""
     __slots__ = ("k", "starts", "ends", "dts", "cached0", "blocks0", "slack", "rem", "taken", "returned",
                  "waiting_before")
-
-
-def delay_to(now: float, end: float) -> float:
-    """The largest delay d with now + d <= end: the clock lands on or just below a stretch's end.
-
-    One addition cannot always land exactly (ties round to even), so the engine then waits the remainder
-    end - (now + d), which is exact because the two values are within a factor of two (Sterbenz)."""
-    d = end - now
-    while now + d < end:
-        d = math.nextafter(d, math.inf)
-    while now + d > end:
-        d = math.nextafter(d, -math.inf)
-    return d
-
-
-def land_at(env, end: float):
-    """SimPy timeouts that move the clock from now to `end` bit for bit (a process yields from this)."""
-    yield env.timeout(delay_to(env.now, end))
-    if env.now != end:
-        yield env.timeout(end - env.now)
-    if env.now != end:
-        raise RuntimeError(f"fast-forward clock drift: {env.now!r} != {end!r}")
 
 
 class FastForward:
@@ -101,8 +78,8 @@ class FastForward:
         bounds = np.cumsum(bounds)             # sequential adds: the same clock values SimPy would reach
         starts = bounds[:-1]
         if sim.arrived < len(sim.requests):
-            # An iteration sees every arrival at or before its start: stop before the first one that would.
-            k = int(np.searchsorted(starts, sim.requests[sim.arrived].arrival_s, side="left"))
+            # Stop before the first iteration that starts at or after the next arrival event (its exact time).
+            k = int(np.searchsorted(starts, sim.arrival_clock.time, side="left"))
             if k < 1:
                 return None
             kmax = min(kmax, k)

@@ -100,6 +100,29 @@ def test_decode_cohort_is_off_where_it_does_not_apply():
         assert sim.cohort is None, raw
 
 
+@pytest.mark.parametrize("preset", ["sarathi", "vllm", "vllm-v1", "sarathi-nohy"])
+@pytest.mark.parametrize("idle", [False, True])
+def test_arrivals_exactly_at_iteration_ends_keep_simpys_order(preset, idle):
+    """Ties between an arrival and an iteration's end are ordered by SimPy's event creation order; the fast
+    paths replay the arrivals without SimPy (sim/arrivals.py). Arrivals are placed one by one exactly on the
+    plain loop's iteration boundaries (back to back, so an arrival created at a tie meets the next one)."""
+    table = _workload(8, 12, 0.5 if idle else 20.0, 200, 60)
+    raw = {"memory": {"M": 3000, "block_size": 16}, "policy": {"name": preset}}
+    t_min = 0.0
+    for _ in range(8):
+        _, plain = _run(raw, table, False)
+        starts = plain.iterations["start_s"].to_numpy()
+        later = starts[starts > t_min]
+        if len(later) < 2:
+            break
+        t_min = float(later[1])             # a boundary the previous insertion did not move
+        extra = pd.DataFrame({"arrival_s": [t_min], "prompt_tokens": [30], "output_tokens": [20]})
+        table = pd.concat([table, extra], ignore_index=True).sort_values("arrival_s", kind="stable",
+                                                                        ignore_index=True)
+        for stretches in (False, True):
+            _assert_identical(raw, table, stretches)
+
+
 @pytest.mark.parametrize("preset", ["vllm", "sarathi", "vllm-v1"])
 def test_fast_forward_skips_most_iterations_of_a_decode_heavy_run_and_keeps_invariants(preset):
     table = _workload(3, 200, 5.0, 200, 400)
