@@ -140,7 +140,7 @@ class UnifiedScheduler(Policy):
         return (type(self) is UnifiedScheduler and c.order == "decode_first" and not c.peak_admission
                 and getattr(view, "plain_reserve", False))
 
-    def _take_cohort(self, view, cohort, batch, stamp) -> bool:
+    def _take_cohort(self, view, cohort, batch, stamp, st) -> bool:
         """Take the whole decode cohort into the batch if every running decode would get its token this step
         (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters)."""
         bs, need, decodes = view.memory.block_size, 0, cohort.n
@@ -153,11 +153,25 @@ class UnifiedScheduler(Policy):
         if decodes > self.C:
             return False
         context = cohort.take(stamp, need)
+        if context is None and self._tail_prefill_frees(view, cohort, need):
+            # The per-request path would stop at the first decode short of a block and evict the tail, this
+            # running prefill; its blocks cover the rest, so that is the step's only eviction, whatever the order.
+            self._preempt(view, view.running[-1], stamp, st)
+            context = cohort.take(stamp, need)
         if context is None:
             return False
         batch.cohort, batch.cohort_context = cohort.n, context
         batch.num_tokens += cohort.n
         return True
+
+    def _tail_prefill_frees(self, view, cohort, need) -> bool:
+        """Is the tail victim a running prefill outside the cohort whose blocks cover the decodes' shortfall?"""
+        c = self.config
+        if not (c.evict_for_running and c.victim == "tail" and view.running):
+            return False
+        tail = view.running[-1]
+        return (tail.cohort is None and tail.cached < tail.input_tokens
+                and cohort.blocks_due() + need <= view.memory.free_blocks + tail.blocks)
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):
@@ -265,7 +279,7 @@ class UnifiedScheduler(Policy):
         group_stops = inline and hybrid and chunked and not cfg.skip_blocked
         cohort = view.cohort
         if cohort is not None and cohort.n:
-            if self._take_cohort(view, cohort, batch, stamp):
+            if self._take_cohort(view, cohort, batch, stamp, st):
                 st["phase"] = False
             else:
                 cohort.materialize()        # budget or KV short: per request, with eviction, this step

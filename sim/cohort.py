@@ -41,6 +41,11 @@ class DecodeCohort:
         self.done_at = {}                   # step → members whose last output token that step produces
 
     # -- the policy's side ------------------------------------------------------------------------------------
+    def blocks_due(self) -> int:
+        """KV blocks the next step needs."""
+        s = self.steps + 1
+        return self.taking[s % self.block_size] + self.first_block.get(s, 0)
+
     def take(self, iteration: int, also_blocks: int = 0):
         """Schedule every member for one decode token and charge the KV blocks due; returns Σ(m + 1) read, or
         None (and no change) if those blocks plus `also_blocks` more do not fit free memory."""
