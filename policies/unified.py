@@ -153,10 +153,13 @@ class UnifiedScheduler(Policy):
         if decodes > self.C:
             return False
         context = cohort.take(stamp, need)
-        if context is None and self._tail_prefill_frees(view, cohort, need):
-            # The per-request path would stop at the first decode short of a block and evict the tail, this
-            # running prefill; its blocks cover the rest, so that is the step's only eviction, whatever the order.
-            self._preempt(view, view.running[-1], stamp, st)
+        if context is None and self._tail_victim_frees(view, cohort, need):
+            # The per-request path would stop at a decode short of a block before the tail and evict the tail;
+            # its blocks cover the rest, so that is the step's only eviction, whatever the order.
+            tail = view.running[-1]
+            if tail.cohort is not None:
+                cohort.drop(tail)
+            self._preempt(view, tail, stamp, st)
             context = cohort.take(stamp, need)
         if context is None:
             return False
@@ -164,14 +167,18 @@ class UnifiedScheduler(Policy):
         batch.num_tokens += cohort.n
         return True
 
-    def _tail_prefill_frees(self, view, cohort, need) -> bool:
-        """Is the tail victim a running prefill outside the cohort whose blocks cover the decodes' shortfall?"""
+    def _tail_victim_frees(self, view, cohort, need) -> bool:
+        """Do the decodes before the tail run short of blocks, and do the tail's blocks cover them? The tail is a
+        cohort member or a running prefill (`need`: the decodes outside the cohort, none of them the tail)."""
         c = self.config
         if not (c.evict_for_running and c.victim == "tail" and view.running):
             return False
-        tail = view.running[-1]
-        return (tail.cohort is None and tail.cached < tail.input_tokens
-                and cohort.blocks_due() + need <= view.memory.free_blocks + tail.blocks)
+        tail, free = view.running[-1], view.memory.free_blocks
+        if tail.cohort is not None:
+            before = cohort.blocks_due() - cohort.block_due(tail) + need
+            blocks = max(tail.blocks, -(-(tail.cached + cohort.steps - tail.cohort) // view.memory.block_size))
+            return free < before <= free + blocks
+        return tail.cached < tail.input_tokens and cohort.blocks_due() + need <= free + tail.blocks
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):

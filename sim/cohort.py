@@ -101,6 +101,29 @@ class DecodeCohort:
         if not self.n:
             self._reset()
 
+    def drop(self, r) -> None:
+        """Take out a member that did not complete (the policy evicts it) with its true state."""
+        last = r.cohort + r.output_tokens - r.generated
+        self.done_at[last].remove(r)
+        f = self._first_block_step(r)
+        if f <= min(last, self.steps):      # it was taking blocks
+            self.taking[f % self.block_size] -= 1
+        elif f <= last:                     # it was still to take its first
+            self.first_block[f] -= 1
+        r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
+        self._settle(r)
+        self.n -= 1
+        self.cached -= r.cached
+        self.view.loose[:] = [x for x in self.view.running if x.cohort is None]
+        if not self.n:
+            self._reset()
+
+    def block_due(self, r) -> int:
+        """Does member r take a new KV block in the next step (1) or not (0)?"""
+        s = self.steps + 1
+        f = self._first_block_step(r)
+        return int(f <= s and (s - f) % self.block_size == 0)
+
     def flush(self) -> None:
         """Reduce the completed members' token times to their TBT statistics (finalize_request's floats)."""
         finalize_many(self.pending, self.keep_token_times)
