@@ -14,7 +14,7 @@ PREEMPTIONS = ("recompute", "swap")
 UNLIMITED = 1 << 40
 
 _NEXT_CAND, _NEXT_GROUP = 0, 1
-_RUNNING = "running"   # Request.state of a request on the GPU (sim.request.RUNNING; policies do not import sim)
+_RUNNING, _SWAPPED = "running", "swapped"   # Request.state values (sim.request; policies do not import sim)
 
 
 def _choice(value, allowed, where):
@@ -320,7 +320,7 @@ class UnifiedScheduler(Policy):
 
     def _consider(self, view, cand, batch, stamp, st):
         cfg = self.config
-        holding = cand.on_gpu
+        holding = cand.state == _RUNNING
         is_prefill = cand.cached < cand.input_tokens
         if not cfg.hybrid and st["phase"] is not None and is_prefill != st["phase"]:   # ② CheckHybridBatching
             return _NEXT_CAND
@@ -353,7 +353,7 @@ class UnifiedScheduler(Policy):
         while True:
             if holding:
                 ok = view.reserve(cand, cand.cached + c)
-            elif cand.swapped:
+            elif cand.state == _SWAPPED:
                 ok = view.swap_in(cand, cand.cached + c)
             else:
                 ok = view.admit(cand, self._admission_target(cand, c))

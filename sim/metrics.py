@@ -51,12 +51,14 @@ def finalize_many(items, keep_token_times: bool = False) -> None:
             row[h:] = tail
         n = m - 1
         gaps = t[:, 1:] - t[:, :-1]
-        means = np.add.reduce(gaps, axis=1).tolist()
         lo = math.floor((n - 1) * 0.99)
-        tops = np.sort(np.partition(gaps, lo, axis=1)[:, lo:], axis=1).tolist()
-        for (r, _), total, top, times in zip(group, means, tops, t):
-            r.tbt = (total / n, _p99(n, top.__getitem__, lo), top[-1])
-            r.token_times = times.tolist() if keep_token_times else [float(times[0]), float(times[-1])]
+        top = np.sort(np.partition(gaps, lo, axis=1)[:, lo:], axis=1)
+        # Elementwise numpy float operations are the scalar ones: each row gets finalize_request's floats.
+        stats = zip((np.add.reduce(gaps, axis=1) / n).tolist(), _p99(n, lambda i: top[:, i], lo).tolist(),
+                    top[:, -1].tolist())
+        for (r, _), tbt, times in zip(group, stats, t.tolist() if keep_token_times else t[:, [0, -1]].tolist()):
+            r.tbt = tbt
+            r.token_times = times
 
 
 def p99_sorted(x: list) -> float:
