@@ -149,7 +149,9 @@ class DecodeCohort:
         if k:
             r.cached += k
             r.generated += k
-            r.blocks = max(r.blocks, -(-r.cached // self.block_size))   # every step reserved up to its token
+            blocks = -(-r.cached // self.block_size)      # every step reserved up to its token
+            if blocks > r.blocks:
+                r.blocks = blocks
             r.sched_stamp = self.last_iteration
         r.cohort = None
 
