@@ -1,4 +1,4 @@
-"""The SimPy event loop: an arrivals process feeds a replica process that loops schedule → cost → timeout → commit."""
+"""The replica loop, schedule → cost → clock → commit: under SimPy (plain), or SimPy-free on the exact fast paths."""
 from __future__ import annotations
 
 import gc
@@ -300,8 +300,8 @@ class Simulation:
         return now
 
     def _skip_cohort(self, now, full_decode, arrived_at_schedule):
-        """Run steady steps of the cohort alone, one cheap step at a time, without the scheduler or a SimPy event
-        per step, then move the clock once. Steady as for fast-forward: the policy vouches (steady_decode) that
+        """Run steady steps of the cohort alone, one cheap step at a time without the scheduler, then deliver the
+        arrivals due once. Steady as for fast-forward: the policy vouches (steady_decode) that
         every schedule() would take just the running set, which is all cohort; a stretch stops before a step
         that would start at or after the next arrival, before a KV block shortfall, at max_iterations, and,
         with requests queued, after the first completion (freed KV may admit one). Returns the replica's clock."""

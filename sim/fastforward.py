@@ -1,7 +1,6 @@
 """Exact fast-forward: advance k decode-only iterations at once, recording what the plain loop would record."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from sim.metrics import finalize_request
