@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from costmodels.base import BatchShape, CostModel
+from policies import POLICIES
 from sim.config import scenario_from_dict
 from sim.fastforward import _block_events
 from sim.metrics import p99_sorted
@@ -98,6 +99,15 @@ def test_decode_cohort_is_off_where_it_does_not_apply():
         sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
         sim.run()
         assert sim.cohort is None, raw
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_fast_paths_match_plain_loop(name):
+    """Every registered policy, research ones included, runs the SimPy-free fast path (replayed arrivals):
+    the same tables as under SimPy, with arrivals all at once, in bursts with idle gaps, and under KV pressure."""
+    for seed, rate, M in ((1, 0, 4000), (2, 0.7, 3000), (3, 30.0, 1500)):
+        _assert_identical({"memory": {"M": M, "block_size": 16}, "policy": {"name": name}},
+                          _workload(seed, 25, rate, 300, 120))
 
 
 @pytest.mark.parametrize("preset", ["sarathi", "vllm", "vllm-v1", "sarathi-nohy"])
