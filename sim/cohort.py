@@ -21,8 +21,9 @@ class DecodeCohort:
     are the slice of `ends` (one end time per step) since it joined: the floats the plain loop appends.
 
     The engine joins requests at commit and commits each step; a policy that opted in (Policy.decode_cohort)
-    either takes the whole cohort for a step (`take`) or calls `materialize` first, which writes the true
-    values back and empties the cohort, so anything that needs the per-request picture gets it."""
+    either takes the whole cohort for a step (`take`), or takes out a member it evicts (`drop`), or calls
+    `materialize` first, which writes the true values back and empties the cohort, so anything that needs
+    the per-request picture gets it."""
 
     def __init__(self, view, memory, keep_token_times: bool = False):
         self.view = view
@@ -89,34 +90,20 @@ class DecodeCohort:
     def leave(self, r) -> None:
         """Take out a member that completed in the latest step with its true state; its TBT statistics follow
         at the next flush (many at once are cheaper), from its token times since joining."""
-        f = self._first_block_step(r)
-        if f <= self.steps:                 # it was taking blocks: it stops now
-            self.taking[f % self.block_size] -= 1
+        self._stop_blocks(r, self.steps)
         self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
         if len(self.pending) >= FLUSH:
             self.flush()
-        self._settle(r)
-        self.n -= 1
-        self.cached -= r.cached
-        if not self.n:
-            self._reset()
+        self._remove(r)
 
     def drop(self, r) -> None:
         """Take out a member that did not complete (the policy evicts it) with its true state."""
         last = r.cohort + r.output_tokens - r.generated
         self.done_at[last].remove(r)
-        f = self._first_block_step(r)
-        if f <= min(last, self.steps):      # it was taking blocks
-            self.taking[f % self.block_size] -= 1
-        elif f <= last:                     # it was still to take its first
-            self.first_block[f] -= 1
+        self._stop_blocks(r, last)
         r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
-        self._settle(r)
-        self.n -= 1
-        self.cached -= r.cached
+        self._remove(r)
         self.view.loose[:] = [x for x in self.view.running if x.cohort is None]
-        if not self.n:
-            self._reset()
 
     def block_due(self, r) -> int:
         """Does member r take a new KV block in the next step (1) or not (0)?"""
@@ -138,6 +125,21 @@ class DecodeCohort:
                     self._settle(r)
             self._reset()
         self.view.loose[:] = self.view.running
+
+    def _stop_blocks(self, r, last) -> None:
+        """Stop counting a member's block growth (its last step in the cohort: `last`)."""
+        f = self._first_block_step(r)
+        if f <= min(last, self.steps):      # it was taking blocks
+            self.taking[f % self.block_size] -= 1
+        elif f <= last:                     # it was still to take its first
+            self.first_block[f] -= 1
+
+    def _remove(self, r) -> None:
+        self._settle(r)
+        self.n -= 1
+        self.cached -= r.cached
+        if not self.n:
+            self._reset()
 
     def _first_block_step(self, r) -> int:
         """The step whose token first overflows a member's blocks at joining (from its joining-time state)."""
