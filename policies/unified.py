@@ -134,11 +134,22 @@ class UnifiedScheduler(Policy):
         return True
 
     def decode_cohort(self, view):
-        """Decode-first puts every running decode at the head of the batch, one token each, so the whole set is
-        taken or (budget or KV short) the step falls back to the per-request path (see _take_cohort)."""
+        """The running group is where decodes get their token: at the head of the batch (decode-first) or after
+        the admissions (prefill-first, whose waiting group then must not evict running requests). There the
+        whole set is taken, or skipped (a prefill-only batch), or the step falls back to the per-request path
+        (see _cohort_step)."""
         c = self.config
-        return (type(self) is UnifiedScheduler and c.order == "decode_first" and not c.peak_admission
-                and getattr(view, "plain_reserve", False))
+        return (type(self) is UnifiedScheduler and not c.peak_admission and getattr(view, "plain_reserve", False)
+                and (c.order == "decode_first" or (c.order == "prefill_first" and not c.evict_for_waiting)))
+
+    def _cohort_step(self, view, cohort, batch, st) -> None:
+        """The cohort's part of this step, decided where the running group begins."""
+        if st["phase"] is True and not self.config.hybrid:
+            return                          # a prefill-only batch: the decodes wait, no state changes
+        if self._take_cohort(view, cohort, batch, view.iteration, st):
+            st["phase"] = False
+        else:
+            cohort.materialize()            # budget or KV short: per request, with eviction, this step
 
     def _take_cohort(self, view, cohort, batch, stamp, st) -> bool:
         """Take the whole decode cohort into the batch if every running decode would get its token this step
@@ -150,13 +161,15 @@ class UnifiedScheduler(Policy):
                 extra = -(-(r.cached + 1) // bs) - r.blocks
                 if extra > 0:
                     need += extra
-        if decodes > self.C:
+            elif r.sched_stamp != stamp and self.config.order == "prefill_first":
+                return False                # a running prefill among the decodes: their order matters
+        if decodes > self.C - batch.num_tokens:
             return False
         context = cohort.take(stamp, need)
-        if context is None and self._tail_victim_frees(view, cohort, need):
+        if context is None and self._tail_victim_frees(view, cohort, need, stamp):
             # The per-request path would stop at a decode short of a block before the tail and evict the tail;
             # its blocks cover the rest, so that is the step's only eviction, whatever the order.
-            tail = view.running[-1]
+            tail = self._tail(view, stamp)
             if tail.cohort is not None:
                 cohort.drop(tail)
             self._preempt(view, tail, stamp, st)
@@ -167,13 +180,22 @@ class UnifiedScheduler(Policy):
         batch.num_tokens += cohort.n
         return True
 
-    def _tail_victim_frees(self, view, cohort, need) -> bool:
+    @staticmethod
+    def _tail(view, stamp):
+        """The tail victim: the last running request not yet scheduled this step (cohort members never are)."""
+        for r in reversed(view.running):
+            if r.sched_stamp != stamp:
+                return r
+        return None
+
+    def _tail_victim_frees(self, view, cohort, need, stamp) -> bool:
         """Do the decodes before the tail run short of blocks, and do the tail's blocks cover them? The tail is a
         cohort member or a running prefill (`need`: the decodes outside the cohort, none of them the tail)."""
         c = self.config
-        if not (c.evict_for_running and c.victim == "tail" and view.running):
+        tail = self._tail(view, stamp) if c.evict_for_running and c.victim == "tail" else None
+        if tail is None:
             return False
-        tail, free = view.running[-1], view.memory.free_blocks
+        free = view.memory.free_blocks
         if tail.cohort is not None:
             before = cohort.blocks_due() - cohort.block_due(tail) + need
             blocks = max(tail.blocks, -(-(tail.cached + cohort.steps - tail.cohort) // view.memory.block_size))
@@ -191,16 +213,22 @@ class UnifiedScheduler(Policy):
             return (r.predicted_output_tokens, r.id)
         return (r.arrival_s, r.id)
 
-    def _groups(self, view):
-        """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
+    def _groups(self, view, batch=None, st=None):
+        """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues.
+        Where the running group begins (decode and prefill first) the decode cohort, if any, takes its step."""
         order = self.config.order
-        running = view.loose if view.cohort is not None else view.running     # cohort members are taken whole
+        cohort = view.cohort
+        running = view.running if cohort is None else view.loose      # cohort members are taken whole
         waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
                            else _snapshot(view.waiting))           # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
+            if cohort is not None and cohort.n:
+                self._cohort_step(view, cohort, batch, st)
             yield list(running)
         elif order == "decode_first":
+            if cohort is not None and cohort.n:
+                self._cohort_step(view, cohort, batch, st)
             decodes, prefills = [], []
             for r in running:
                 (decodes if r.cached >= r.input_tokens else prefills).append(r)
@@ -284,13 +312,7 @@ class UnifiedScheduler(Policy):
         inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
         mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
         group_stops = inline and hybrid and chunked and not cfg.skip_blocked
-        cohort = view.cohort
-        if cohort is not None and cohort.n:
-            if self._take_cohort(view, cohort, batch, stamp, st):
-                st["phase"] = False
-            else:
-                cohort.materialize()        # budget or KV short: per request, with eviction, this step
-        for group in self._groups(view):
+        for group in self._groups(view, batch, st):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue

@@ -15,8 +15,9 @@ from sim.runner import build_simulation, requests_from_table
 
 PRESETS = ["vllm", "sarathi", "vllm-v1", "orca", "rank-i", "lightllm", "vllm-ef", "sarathi-nohy",
            "fastertransformer", "deepspeed-fastgen"]
-# Decode-first presets: the ones that run the steady decode cohort (sim/cohort.py).
-COHORT_PRESETS = ["sarathi", "sarathi-ef", "sarathi-p=c", "sarathi-nocp", "sarathi-nohy", "deepspeed-fastgen"]
+# Decode- and prefill-first presets: the ones that run the steady decode cohort (sim/cohort.py).
+COHORT_PRESETS = ["sarathi", "sarathi-ef", "sarathi-p=c", "sarathi-nocp", "sarathi-nohy", "deepspeed-fastgen",
+                  "vllm", "vllm-hy", "vllm-ef", "vllm-hy-ef", "fastertransformer"]
 
 
 def _run(raw, table, fast_forward, stretches=True):
@@ -94,7 +95,8 @@ def test_decode_cohort_carries_a_decode_heavy_run_and_falls_back_under_kv_pressu
 
 def test_decode_cohort_is_off_where_it_does_not_apply():
     table = _workload(2, 5, 1.0, 50, 50)
-    for raw in ({"policy": {"name": "vllm"}}, {"policy": {"name": "sarathi"}, "memory": {"kv_quant_bits": 8}},
+    for raw in ({"policy": {"name": "vllm-v1"}}, {"policy": {"name": "vllm", "evict_for_waiting": True}},
+                {"policy": {"name": "sarathi"}, "memory": {"kv_quant_bits": 8}},
                 {"policy": {"name": "sarathi"}, "sim": {"fast_forward": False}}):
         sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
         sim.run()
