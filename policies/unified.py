@@ -144,9 +144,14 @@ class UnifiedScheduler(Policy):
 
     def _cohort_step(self, view, cohort, batch, st) -> None:
         """The cohort's part of this step, decided where the running group begins."""
+        stamp = view.iteration
         if st["phase"] is True and not self.config.hybrid:
-            return                          # a prefill-only batch: the decodes wait, no state changes
-        if self._take_cohort(view, cohort, batch, view.iteration, st):
+            # A prefill-only batch: the decodes wait, no state changes. Members stay possible victims, so a
+            # running prefill still to be placed (it may need one) gets the per-request picture.
+            if any(r.cached < r.input_tokens and r.sched_stamp != stamp for r in view.loose):
+                cohort.materialize()
+            return
+        if self._take_cohort(view, cohort, batch, stamp, st):
             st["phase"] = False
         else:
             cohort.materialize()            # budget or KV short: per request, with eviction, this step
@@ -274,7 +279,7 @@ class UnifiedScheduler(Policy):
     def _victim(self, view, cand, stamp, waiting_cand):
         rule = self.config.victim
         best = None
-        # Members of a non-empty cohort were all taken this step, so none is a victim: only loose ones are.
+        # Members of a non-empty cohort here were all taken this step (see _cohort_step): only loose ones remain.
         for r in reversed(view.loose if view.cohort is not None else view.running):
             if r is cand or r.sched_stamp == stamp:
                 continue
