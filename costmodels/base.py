@@ -26,10 +26,14 @@ class BatchShape:
     dequant_tokens: int = 0            # ALISE: INT8 KV tokens dequantized this step
     swap_hidden_tokens: int = 0        # KV moved over PCIe in the background, overlapped with this step's compute
     kv_bits: int = 16                  # bits per stored KV element: scales swap volume (quantized KV moves fewer bytes)
+    # Decode requests given only in aggregate (the engine's decode cohort): their count and Σ(m + 1). Only a
+    # cost model whose accepts_decode_sums() is True is handed a shape with these set.
+    cohort_decodes: int = 0
+    cohort_decode_context: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.prefill_tokens) + len(self.decode_context)
+        return sum(self.prefill_tokens) + len(self.decode_context) + self.cohort_decodes
 
 
 DEQUANT_MODES = ("fused", "separate")
@@ -59,6 +63,13 @@ class CostModel:
 
     def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def accepts_decode_sums(self) -> bool:
+        """Does batch_time honour BatchShape.cohort_decodes / cohort_decode_context exactly? Only models whose
+        decode cost depends on the count and Σ(m + 1) alone can. True also promises that, with no memory action
+        in the shape, batch_time equals time_from_sums of the shape's integer sums (the engine's fast path).
+        The safe default is False."""
+        return False
 
     def swap_time(self, tokens: int) -> float:
         """Seconds to move `tokens` KV entries over PCIe (one direction)."""

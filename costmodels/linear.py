@@ -54,10 +54,16 @@ class LinearCostModel(CostModel):
     # -- prediction -------------------------------------------------------------------------------------
     def compute_time(self, shape: BatchShape) -> float:
         pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+        n_decode = len(dc) + shape.cohort_decodes          # integer sums: aggregate or not, the same floats
         return self.time_from_sums(
-            n_tokens=sum(pt) + len(dc),
-            n_prefill=len(pt), sum_c2=sum(c * c for c in pt), sum_ck=sum(c * k for c, k in zip(pt, pc)),
-            sum_k_prefill=sum(pc), n_decode=len(dc), kv_read=sum(dc))
+            sum(pt) + n_decode, len(pt), sum(c * c for c in pt), sum(c * k for c, k in zip(pt, pc)),
+            sum(pc), n_decode, sum(dc) + shape.cohort_decode_context)
+
+    def accepts_decode_sums(self) -> bool:
+        """True unless a subclass changed how a shape becomes a time (it might read decode_context)."""
+        cls = type(self)
+        return (cls.compute_time is LinearCostModel.compute_time and cls.batch_time is CostModel.batch_time
+                and cls.memory_time is CostModel.memory_time)
 
     def time_from_sums(self, n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read) -> float:
         """The same prediction from the batch's aggregate features (the solver and fast paths use this)."""

@@ -8,14 +8,17 @@ from costmodels.errors import UserError
 
 
 class Batch:
-    """What runs this iteration: parallel lists of requests and tokens each processes."""
-    __slots__ = ("reqs", "tokens", "num_tokens", "num_prefill_tokens")
+    """What runs this iteration: parallel lists of requests and tokens each processes, plus (policies that
+    opted in to Policy.decode_cohort) the engine's decode cohort taken whole: its size and Σ(m + 1)."""
+    __slots__ = ("reqs", "tokens", "num_tokens", "num_prefill_tokens", "cohort", "cohort_context")
 
     def __init__(self):
         self.reqs: list = []
         self.tokens: list = []
         self.num_tokens = 0
         self.num_prefill_tokens = 0
+        self.cohort = 0                # decode requests of the cohort, one token each (not in reqs)
+        self.cohort_context = 0        # Σ(m + 1) over them
 
     def add(self, req, tokens: int, is_prefill: bool) -> None:
         self.reqs.append(req)
@@ -25,7 +28,7 @@ class Batch:
             self.num_prefill_tokens += tokens
 
     def __len__(self) -> int:
-        return len(self.reqs)
+        return len(self.reqs) + self.cohort
 
 
 class Policy:
@@ -81,6 +84,14 @@ class Policy:
         shrinks, every schedule() would run the whole running set, one decode token each, changing nothing
         else (no admission, eviction, swap, or policy state). `after_full_decode` says the iteration just
         committed was exactly such a step with the same queues. The safe default is False."""
+        return False
+
+    def decode_cohort(self, view) -> bool:
+        """May the engine keep steady running decodes as one cohort (sim/cohort.py, view.cohort)? True promises
+        that schedule() reads members only for their phase, and each step either takes the whole cohort (every
+        member one decode token, exactly what its per-request path would do) or calls view.cohort.materialize()
+        before anything else; that it iterates view.loose (running minus members, in running order) where it
+        would iterate view.running; and that on_commit does not read members. The safe default is False."""
         return False
 
     def on_commit(self, view, batch: Batch, batch_time_s: float) -> None:

@@ -14,12 +14,38 @@ PREEMPTIONS = ("recompute", "swap")
 UNLIMITED = 1 << 40
 
 _NEXT_CAND, _NEXT_GROUP = 0, 1
-_RUNNING = "running"   # Request.state of a request on the GPU (sim.request.RUNNING; policies do not import sim)
+_RUNNING, _SWAPPED = "running", "swapped"   # Request.state values (sim.request; policies do not import sim)
 
 
 def _choice(value, allowed, where):
     if value not in allowed:
         raise UserError(f"{where}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+def _snapshot(queue):
+    """Iterate a copy of the waiting deque taken now, without copying it (the loop mostly stops after one or
+    two candidates). While one candidate is considered the deque only loses that candidate (admitted) or
+    gains stamped victims at either end, so the next one of the copy is found at or after the same index."""
+    i = 0
+    for left in range(len(queue) - 1, -1, -1):
+        r = queue[i]
+        nxt = queue[i + 1] if left else None
+        yield r
+        if nxt is None:
+            return
+        i = queue.index(nxt, i)      # identity: Request has no __eq__
+
+
+def _take_blocks(mem, r, tokens) -> bool:
+    """KVCacheManager.reserve inlined (the view vouched for plain block accounting: view.plain_reserve)."""
+    extra = -(-tokens // mem.block_size) - r.blocks
+    if extra <= 0:
+        return True
+    if mem.free_blocks < extra:
+        return False
+    mem.free_blocks -= extra
+    r.blocks += extra
+    return True
 
 
 class UnifiedScheduler(Policy):
@@ -101,10 +127,85 @@ class UnifiedScheduler(Policy):
         # LightLLM's projected peak moves as requests decode, so a blocked admission may become possible.
         if queued and (not after_full_decode or self.config.peak_admission):
             return False
-        for r in view.running:
+        # Cohort members are decodes by construction; only the others need a look.
+        for r in (view.loose if view.cohort is not None else view.running):
             if r.cached < r.input_tokens:
                 return False
         return True
+
+    def decode_cohort(self, view):
+        """The running group is where decodes get their token: at the head of the batch (decode-first) or after
+        the admissions (prefill-first, whose waiting group then must not evict running requests). There the
+        whole set is taken, or skipped (a prefill-only batch), or the step falls back to the per-request path
+        (see _cohort_step)."""
+        c = self.config
+        return (type(self) is UnifiedScheduler and not c.peak_admission and getattr(view, "plain_reserve", False)
+                and (c.order == "decode_first" or (c.order == "prefill_first" and not c.evict_for_waiting)))
+
+    def _cohort_step(self, view, cohort, batch, st) -> None:
+        """The cohort's part of this step, decided where the running group begins."""
+        stamp = view.iteration
+        if st["phase"] is True and not self.config.hybrid:
+            # A prefill-only batch: the decodes wait, no state changes. Members stay possible victims, so a
+            # running prefill still to be placed (it may need one) gets the per-request picture.
+            if any(r.cached < r.input_tokens and r.sched_stamp != stamp for r in view.loose):
+                cohort.materialize()
+            return
+        if self._take_cohort(view, cohort, batch, stamp, st):
+            st["phase"] = False
+        else:
+            cohort.materialize()            # budget or KV short: per request, with eviction, this step
+
+    def _take_cohort(self, view, cohort, batch, stamp, st) -> bool:
+        """Take the whole decode cohort into the batch if every running decode would get its token this step
+        (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters)."""
+        bs, need, decodes = view.memory.block_size, 0, cohort.n
+        for r in view.loose:
+            if r.cached >= r.input_tokens:
+                decodes += 1
+                extra = -(-(r.cached + 1) // bs) - r.blocks
+                if extra > 0:
+                    need += extra
+            elif r.sched_stamp != stamp and self.config.order == "prefill_first":
+                return False                # a running prefill among the decodes: their order matters
+        if decodes > self.C - batch.num_tokens:
+            return False
+        context = cohort.take(stamp, need)
+        if context is None and self._tail_victim_frees(view, cohort, need, stamp):
+            # The per-request path would stop at a decode short of a block before the tail and evict the tail;
+            # its blocks cover the rest, so that is the step's only eviction, whatever the order.
+            tail = self._tail(view, stamp)
+            if tail.cohort is not None:
+                cohort.drop(tail)
+            self._preempt(view, tail, stamp, st)
+            context = cohort.take(stamp, need)
+        if context is None:
+            return False
+        batch.cohort, batch.cohort_context = cohort.n, context
+        batch.num_tokens += cohort.n
+        return True
+
+    @staticmethod
+    def _tail(view, stamp):
+        """The tail victim: the last running request not yet scheduled this step (cohort members never are)."""
+        for r in reversed(view.running):
+            if r.sched_stamp != stamp:
+                return r
+        return None
+
+    def _tail_victim_frees(self, view, cohort, need, stamp) -> bool:
+        """Do the decodes before the tail run short of blocks, and do the tail's blocks cover them? The tail is a
+        cohort member or a running prefill (`need`: the decodes outside the cohort, none of them the tail)."""
+        c = self.config
+        tail = self._tail(view, stamp) if c.evict_for_running and c.victim == "tail" else None
+        if tail is None:
+            return False
+        free = view.memory.free_blocks
+        if tail.cohort is not None:
+            before = cohort.blocks_due() - cohort.block_due(tail) + need
+            blocks = max(tail.blocks, -(-(tail.cached + cohort.steps - tail.cohort) // view.memory.block_size))
+            return free < before <= free + blocks
+        return tail.cached < tail.input_tokens and cohort.blocks_due() + need <= free + tail.blocks
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _rank(self, r):
@@ -117,24 +218,33 @@ class UnifiedScheduler(Policy):
             return (r.predicted_output_tokens, r.id)
         return (r.arrival_s, r.id)
 
-    def _groups(self, view):
-        """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues."""
+    def _groups(self, view, batch=None, st=None):
+        """Yield the ordered groups lazily: each is built when reached, after earlier groups changed the queues.
+        Where the running group begins (decode and prefill first) the decode cohort, if any, takes its step."""
         order = self.config.order
+        cohort = view.cohort
+        running = view.running if cohort is None else view.loose      # cohort members are taken whole
         waiting = lambda: (list(view.swapped) + list(view.waiting) if view.swapped  # noqa: E731
-                           else list(view.waiting))                # (swapped take precedence, vLLM v0)
+                           else _snapshot(view.waiting))           # (swapped take precedence, vLLM v0)
         if order == "prefill_first":
             yield waiting()
-            yield list(view.running)
+            if cohort is not None and cohort.n:
+                self._cohort_step(view, cohort, batch, st)
+            yield list(running)
         elif order == "decode_first":
-            run = list(view.running)
-            yield [r for r in run if r.cached >= r.input_tokens]
-            yield [r for r in run if r.cached < r.input_tokens]
+            if cohort is not None and cohort.n:
+                self._cohort_step(view, cohort, batch, st)
+            decodes, prefills = [], []
+            for r in running:
+                (decodes if r.cached >= r.input_tokens else prefills).append(r)
+            yield decodes
+            yield prefills
             yield waiting()
         elif order == "running_first":
-            yield list(view.running)
+            yield list(running)
             yield waiting()
         else:
-            yield sorted(list(view.running) + waiting(), key=self._rank)
+            yield sorted(list(running) + list(waiting()), key=self._rank)
 
     def _admission_target(self, r, c):
         """KV tokens a request must hold after this step when it (re)enters the running set."""
@@ -169,7 +279,8 @@ class UnifiedScheduler(Policy):
     def _victim(self, view, cand, stamp, waiting_cand):
         rule = self.config.victim
         best = None
-        for r in reversed(view.running):
+        # Members of a non-empty cohort here were all taken this step (see _cohort_step): only loose ones remain.
+        for r in reversed(view.loose if view.cohort is not None else view.running):
             if r is cand or r.sched_stamp == stamp:
                 continue
             if waiting_cand and not self._lower_priority(r, cand):
@@ -200,38 +311,45 @@ class UnifiedScheduler(Policy):
         batch = Batch()
         stamp = view.iteration
         st = {"preempted": False, "phase": None, "static_block": cfg.static_batching and bool(view.running)}
-        # Hot path: a running decode that fits the budget and its next block is what most candidates are;
-        # it is taken inline (same state changes as _consider) and anything else goes through _consider.
+        # Hot path: a running request whose share (one decode token, or a prefill chunk) fits the budget and
+        # its next blocks is what most candidates are; it is taken inline (the state changes _consider makes)
+        # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
         inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
-        mem, C, hybrid = view.memory, self.C, cfg.hybrid
-        bs = mem.block_size if inline else 1
-        reqs, tokens = batch.reqs, batch.tokens
-        for group in self._groups(view):
+        mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
+        group_stops = inline and hybrid and chunked and not cfg.skip_blocked
+        for group in self._groups(view, batch, st):
             for cand in group:
                 if cand.sched_stamp == stamp:
                     continue
-                if (inline and cand.cached >= cand.input_tokens and batch.num_tokens < C
-                        and cand.state == _RUNNING and (hybrid or not reqs or st["phase"] is False)):
-                    extra = -(-(cand.cached + 1) // bs) - cand.blocks
-                    if extra <= 0 or mem.free_blocks >= extra:
-                        if extra > 0:
-                            mem.free_blocks -= extra
-                            cand.blocks += extra
+                if inline and cand.state == _RUNNING:
+                    m, phase = cand.cached, st["phase"]
+                    if m >= cand.input_tokens:
+                        c = 1 if batch.num_tokens < C and (hybrid or phase is not True) else 0
+                    elif chunked and (hybrid or phase is not False):
+                        used = batch.num_tokens
+                        c = min(cand.input_tokens - m, C - used,
+                                self.P - (used if cfg.p_counts_decode_tokens else batch.num_prefill_tokens))
+                    else:
+                        c = 0
+                    if c > 0 and _take_blocks(mem, cand, m + c):
                         cand.sched_stamp = stamp
-                        reqs.append(cand)
-                        tokens.append(1)
-                        batch.num_tokens += 1
-                        st["phase"] = False
+                        prefill = m < cand.input_tokens
+                        batch.add(cand, c, prefill)
+                        st["phase"] = prefill
                         continue
+                elif group_stops and cand.cached < cand.input_tokens and min(
+                        C - batch.num_tokens,
+                        self.P - (batch.num_tokens if cfg.p_counts_decode_tokens else batch.num_prefill_tokens)) <= 0:
+                    break       # a prefill with no budget left: _consider would say next group (chunked, hybrid)
                 if self._consider(view, cand, batch, stamp, st) == _NEXT_GROUP:
                     break
         return batch
 
     def _consider(self, view, cand, batch, stamp, st):
         cfg = self.config
-        holding = cand.on_gpu
+        holding = cand.state == _RUNNING
         is_prefill = cand.cached < cand.input_tokens
-        if not cfg.hybrid and batch.reqs and is_prefill != st["phase"]:       # ② CheckHybridBatching
+        if not cfg.hybrid and st["phase"] is not None and is_prefill != st["phase"]:   # ② CheckHybridBatching
             return _NEXT_CAND
         if not holding:
             if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):
@@ -262,7 +380,7 @@ class UnifiedScheduler(Policy):
         while True:
             if holding:
                 ok = view.reserve(cand, cand.cached + c)
-            elif cand.swapped:
+            elif cand.state == _SWAPPED:
                 ok = view.swap_in(cand, cand.cached + c)
             else:
                 ok = view.admit(cand, self._admission_target(cand, c))

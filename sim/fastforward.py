@@ -1,8 +1,6 @@
 """Exact fast-forward: advance k decode-only iterations at once, recording what the plain loop would record."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from sim.metrics import finalize_request
@@ -17,19 +15,6 @@ class StretchPlan:
     """The k iterations to skip: their start/end times and durations, and the state they start from."""
     __slots__ = ("k", "starts", "ends", "dts", "cached0", "blocks0", "slack", "rem", "taken", "returned",
                  "waiting_before")
-
-    def delay_from(self, now: float) -> float:
-        """The largest delay d with now + d <= ends[-1]: the clock lands on or just below the stretch's end.
-
-        One addition cannot always land exactly (ties round to even), so the engine then waits the remainder
-        end - (now + d), which is exact because the two values are within a factor of two (Sterbenz)."""
-        end = float(self.ends[-1])
-        d = end - now
-        while now + d < end:
-            d = math.nextafter(d, math.inf)
-        while now + d > end:
-            d = math.nextafter(d, -math.inf)
-        return d
 
 
 class FastForward:
@@ -57,6 +42,8 @@ class FastForward:
             return None     # KV nearly full: at most a step or two fit, cheaper to take them the plain way
         if not sim.policy.steady_decode(view, after_full_decode):
             return None
+        if view.cohort is not None:
+            view.cohort.materialize()     # the stretch is planned and applied on per-request state
         n = len(running)
         cached = np.fromiter((r.cached for r in running), np.int64, n)
         rem = np.fromiter((r.output_tokens - r.generated for r in running), np.int64, n)
@@ -90,8 +77,8 @@ class FastForward:
         bounds = np.cumsum(bounds)             # sequential adds: the same clock values SimPy would reach
         starts = bounds[:-1]
         if sim.arrived < len(sim.requests):
-            # An iteration sees every arrival at or before its start: stop before the first one that would.
-            k = int(np.searchsorted(starts, sim.requests[sim.arrived].arrival_s, side="left"))
+            # Stop before the first iteration that starts at or after the next arrival event (its exact time).
+            k = int(np.searchsorted(starts, sim.arrival_clock.time, side="left"))
             if k < 1:
                 return None
             kmax = min(kmax, k)
@@ -141,6 +128,8 @@ class FastForward:
                 finalize_request(r, keep)
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]
+            if view.cohort is not None:
+                view.loose[:] = running
         sim.tokens_generated += generated
         view.iteration = it0 + k
         view.now = float(p.starts[-1])
@@ -165,25 +154,15 @@ class FastForward:
 
     def _record(self, p, active, after, alloc, kv_cached):
         sim = self.sim
-        it, view = sim.iters, sim.view
+        view = sim.view
         k = p.k
-        it["start_s"].extend(p.starts.tolist())
-        it["duration_s"].extend(p.dts.tolist())
         active = active.tolist()
-        it["batch_size"].extend(active)
-        it["prefill_tokens"].extend([0] * k)
-        it["decode_tokens"].extend(active)
-        it["running"].extend(after.tolist())
         # Arrivals due in the last iteration land before its record is written, exactly as in the plain loop.
         waiting = [p.waiting_before] * k
         waiting[-1] = len(view.waiting) + len(view.swapped)
-        it["waiting"].extend(waiting)
-        it["kv_alloc_tokens"].extend(alloc.tolist())
-        it["kv_cached_tokens"].extend(kv_cached.tolist())
         zeros = [0] * k
-        it["preemptions"].extend(zeros)
-        it["swap_in_tokens"].extend(zeros)
-        it["swap_out_tokens"].extend(zeros)
+        sim.iter_rows.extend(zip(p.starts.tolist(), p.dts.tolist(), active, zeros, active, after.tolist(), waiting,
+                                 alloc.tolist(), kv_cached.tolist(), zeros, zeros, zeros))
 
 
 def _block_events(slack: np.ndarray, last: np.ndarray, bs: int, k: int) -> np.ndarray:

@@ -10,7 +10,8 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "cls", "predicted_output_tokens",
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
-                 "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt")
+                 "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
+                 "cohort")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
                  slo_ttft_s=None, slo_tbt_s=None):
@@ -41,6 +42,7 @@ class Request:
         self.reason = None
         self.meta = None                            # free slot for policies (predictions, class data)
         self.tbt = None                             # (mean, p99, max) inter-token gap, set at completion
+        self.cohort = None                          # step it joined the engine's decode cohort (sim/cohort.py)
 
     @property
     def on_gpu(self) -> bool:

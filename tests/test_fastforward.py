@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from costmodels.base import BatchShape, CostModel
+from policies import POLICIES
 from sim.config import scenario_from_dict
 from sim.fastforward import _block_events
 from sim.metrics import p99_sorted
@@ -14,11 +15,17 @@ from sim.runner import build_simulation, requests_from_table
 
 PRESETS = ["vllm", "sarathi", "vllm-v1", "orca", "rank-i", "lightllm", "vllm-ef", "sarathi-nohy",
            "fastertransformer", "deepspeed-fastgen"]
+# Decode- and prefill-first presets: the ones that run the steady decode cohort (sim/cohort.py).
+COHORT_PRESETS = ["sarathi", "sarathi-ef", "sarathi-p=c", "sarathi-nocp", "sarathi-nohy", "deepspeed-fastgen",
+                  "vllm", "vllm-hy", "vllm-ef", "vllm-hy-ef", "fastertransformer"]
 
 
-def _run(raw, table, fast_forward):
+def _run(raw, table, fast_forward, stretches=True):
+    """One run; `stretches=False` keeps the exact fast paths but turns the stretch skipping off (cohort alone)."""
     raw = {**raw, "sim": {**raw.get("sim", {}), "fast_forward": fast_forward}}
     sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
+    if not stretches:
+        sim.fast_forward = None
     return sim, sim.run()
 
 
@@ -29,13 +36,18 @@ def _workload(seed, n, rate, max_prompt, max_output):
                          "output_tokens": rng.integers(1, max_output + 1, size=n)})
 
 
-def _assert_identical(raw, table):
+def _assert_identical(raw, table, stretches=True):
     plain_sim, plain = _run(raw, table, False)
-    fast_sim, fast = _run(raw, table, True)
+    fast_sim, fast = _run(raw, table, True, stretches)
     pd.testing.assert_frame_equal(plain.requests, fast.requests, check_exact=True)
     pd.testing.assert_frame_equal(plain.iterations, fast.iterations, check_exact=True)
     assert plain.summary.keys() == fast.summary.keys()
-    assert plain_sim.fast_forward_iterations == 0
+    for k, v in plain.summary.items():
+        assert v == fast.summary[k] or (v != v and fast.summary[k] != fast.summary[k]), k    # NaN == NaN
+    assert plain_sim.fast_forward_iterations == 0 and plain_sim.cohort is None
+    if plain_sim.keep_token_times:
+        for a, b in zip(plain_sim.all_requests, fast_sim.all_requests):
+            assert a.token_times == b.token_times, a
     return fast_sim, fast
 
 
@@ -50,6 +62,77 @@ def test_fast_forward_matches_plain_loop(preset, seed, n, rate, M, block, max_pr
         policy["preemption"] = "swap"
     raw = {"memory": {"M": M, "block_size": block, "swap_space_gib": 0.002}, "policy": policy}
     _assert_identical(raw, _workload(seed, n, rate, max_prompt, max_output))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(COHORT_PRESETS), seed=st.integers(0, 10_000), n=st.integers(1, 80),
+       rate=st.sampled_from([0, 1.0, 5.0, 50.0]), M=st.sampled_from([600, 2000, 8000, 100_000]),
+       block=st.sampled_from([1, 4, 16]), max_prompt=st.sampled_from([8, 300, 700]),
+       max_output=st.sampled_from([1, 60, 400, 1000]), swap=st.booleans(), stretches=st.booleans(),
+       R_max=st.sampled_from([0, 8]), keep=st.booleans(), max_iterations=st.sampled_from([0, 150]))
+def test_decode_cohort_matches_plain_loop(preset, seed, n, rate, M, block, max_prompt, max_output, swap, stretches,
+                                          R_max, keep, max_iterations):
+    """The cohort path (with and without stretches) over decode-heavy online workloads, KV pressure (eviction
+    fallbacks), swap, a batch cap, kept token times and truncation: the plain loop's tables, bit for bit."""
+    policy = {"name": preset, "R_max": R_max}
+    if swap:
+        policy["preemption"] = "swap"
+    raw = {"memory": {"M": M, "block_size": block, "swap_space_gib": 0.002}, "policy": policy,
+           "sim": {"keep_token_times": keep, "max_iterations": max_iterations}}
+    _assert_identical(raw, _workload(seed, n, rate, max_prompt, max_output), stretches)
+
+
+@pytest.mark.parametrize("stretches", [False, True])
+def test_decode_cohort_carries_a_decode_heavy_run_and_falls_back_under_kv_pressure(stretches):
+    """Sarathi with M small enough to evict: the cohort takes most decode tokens and still gives the plain tables."""
+    table = _workload(11, 150, 20.0, 400, 600)
+    sim, res = _assert_identical({"memory": {"M": 6000, "block_size": 16}, "policy": {"name": "sarathi"}},
+                                 table, stretches)
+    assert res.summary["evictions"] > 100                    # shortfalls took the per-request path
+    assert res.summary["generated_tokens"] == int(table["output_tokens"].sum())
+    assert sim.cohort.tokens > 0.9 * res.summary["generated_tokens"]
+
+
+def test_decode_cohort_is_off_where_it_does_not_apply():
+    table = _workload(2, 5, 1.0, 50, 50)
+    for raw in ({"policy": {"name": "vllm-v1"}}, {"policy": {"name": "vllm", "evict_for_waiting": True}},
+                {"policy": {"name": "sarathi"}, "memory": {"kv_quant_bits": 8}},
+                {"policy": {"name": "sarathi"}, "sim": {"fast_forward": False}}):
+        sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
+        sim.run()
+        assert sim.cohort is None, raw
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_fast_paths_match_plain_loop(name):
+    """Every registered policy, research ones included, runs the SimPy-free fast path (replayed arrivals):
+    the same tables as under SimPy, with arrivals all at once, in bursts with idle gaps, and under KV pressure."""
+    for seed, rate, M in ((1, 0, 4000), (2, 0.7, 3000), (3, 30.0, 1500)):
+        _assert_identical({"memory": {"M": M, "block_size": 16}, "policy": {"name": name}},
+                          _workload(seed, 25, rate, 300, 120))
+
+
+@pytest.mark.parametrize("preset", ["sarathi", "vllm", "vllm-v1", "sarathi-nohy"])
+@pytest.mark.parametrize("idle", [False, True])
+def test_arrivals_exactly_at_iteration_ends_keep_simpys_order(preset, idle):
+    """Ties between an arrival and an iteration's end are ordered by SimPy's event creation order; the fast
+    paths replay the arrivals without SimPy (sim/arrivals.py). Arrivals are placed one by one exactly on the
+    plain loop's iteration boundaries (back to back, so an arrival created at a tie meets the next one)."""
+    table = _workload(8, 12, 0.5 if idle else 20.0, 200, 60)
+    raw = {"memory": {"M": 3000, "block_size": 16}, "policy": {"name": preset}}
+    t_min = 0.0
+    for _ in range(8):
+        _, plain = _run(raw, table, False)
+        starts = plain.iterations["start_s"].to_numpy()
+        later = starts[starts > t_min]
+        if len(later) < 2:
+            break
+        t_min = float(later[1])             # a boundary the previous insertion did not move
+        extra = pd.DataFrame({"arrival_s": [t_min], "prompt_tokens": [30], "output_tokens": [20]})
+        table = pd.concat([table, extra], ignore_index=True).sort_values("arrival_s", kind="stable",
+                                                                        ignore_index=True)
+        for stretches in (False, True):
+            _assert_identical(raw, table, stretches)
 
 
 @pytest.mark.parametrize("preset", ["vllm", "sarathi", "vllm-v1"])
@@ -119,6 +202,44 @@ def test_block_events_match_a_brute_force_count():
         need = lambda s, j: math.ceil(max(0, j - s) / bs)   # noqa: E731  (blocks taken by step j)
         brute = [sum(need(s, j) - need(s, j - 1) for s, l in zip(slack, last) if j <= l) for j in range(1, k + 1)]
         assert _block_events(slack, last, bs, k).tolist() == brute
+
+
+def test_finalize_is_numpys_mean_percentile_and_max():
+    from sim.metrics import finalize_request
+    from sim.request import Request
+    rng = np.random.default_rng(4)
+    for n in list(range(1, 60)) + [101, 257, 1000, 4097]:
+        times = np.cumsum(rng.random(n) * rng.choice([1e-3, 1.0]) + rng.choice([0.0, 1e4]))
+        gaps = np.diff(times)
+        want = (float(gaps.mean()), float(np.percentile(gaps, 99)), float(gaps.max())) if n > 1 else None
+        for split in sorted({0, n // 2, n}):        # part kept per request, the rest as the cohort's array
+            r = Request(0, 0.0, 1, n)
+            r.token_times = times[:split].tolist()
+            finalize_request(r, tail=times[split:] if split < n else None)
+            assert r.tbt == want if want else all(x != x for x in r.tbt)
+            assert r.token_times == [times[0], times[-1]]
+
+
+def test_finalize_many_is_finalize_request_one_by_one():
+    """Batched TBT statistics (equal token counts reduced row-wise) give each request's own floats."""
+    from sim.metrics import finalize_many, finalize_request
+    from sim.request import Request
+    rng = np.random.default_rng(5)
+    for keep in (False, True):
+        one, many = [], []
+        for i in range(600):
+            n = int(rng.choice([1, 2, 3, 8, 9, 100, 101, 102, 129, 130, 257, 1000]))
+            times = np.cumsum(rng.random(n) * rng.choice([1e-3, 1.0]) + rng.choice([0.0, 1e4]))
+            h = int(rng.integers(0, n + 1))
+            a, b = Request(i, 0.0, 1, n), Request(i, 0.0, 1, n)
+            a.token_times, b.token_times = times[:h].tolist(), times[:h].tolist()
+            finalize_request(a, keep, times[h:])
+            one.append(a)
+            many.append((b, times[h:]))
+        finalize_many(many, keep)
+        for a, (b, _) in zip(one, many):
+            assert a.tbt == b.tbt or all(x != x for x in a.tbt + b.tbt)     # NaN: fewer than two tokens
+            assert a.token_times == b.token_times
 
 
 def test_p99_helper_is_numpys_percentile():

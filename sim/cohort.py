@@ -1,0 +1,167 @@
+"""Exact steady decode cohort: running decodes that gain one token per step, kept as a count and a sum."""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.metrics import finalize_many
+
+FLUSH = 4096    # completed members whose TBT statistics are computed together (finalize_many)
+
+
+class DecodeCohort:
+    """Running decode requests that every step extends by one token each, accounted for in aggregate.
+
+    A member's `cached`, `generated`, `blocks`, `sched_stamp` and `token_times` stay as they were when it
+    joined (at step `r.cohort`); its true values follow from the steps taken since. Per step the cohort
+    costs O(1): Σ cached grows by the member count, and the KV blocks due are a counter. A member with s0
+    spare slots in its blocks takes a new block at steps f = join + s0 + 1, f + B, f + 2B, ... (block size
+    B) until its last token, so members are counted by f mod B from f on: step s needs as many blocks as
+    that count for s mod B. Free memory is charged each step, so it is always exact. Per request there are
+    two events, kept in calendars keyed by step: its first new block (f) and its last token. Its token times
+    are the slice of `ends` (one end time per step) since it joined: the floats the plain loop appends.
+
+    The engine joins requests at commit and commits each step; a policy that opted in (Policy.decode_cohort)
+    either takes the whole cohort for a step (`take`), or takes out a member it evicts (`drop`), or calls
+    `materialize` first, which writes the true values back and empties the cohort, so anything that needs
+    the per-request picture gets it."""
+
+    def __init__(self, view, memory, keep_token_times: bool = False):
+        self.view = view
+        self.memory = memory
+        self.keep_token_times = keep_token_times
+        self.pending = []                   # (completed request, its token times since joining) to finalize
+        self.block_size = memory.block_size
+        self.n = 0                          # members
+        self.cached = 0                     # Σ true cached over members
+        self.steps = 0                      # steps taken since the cohort was last empty
+        self.ends = np.empty(1024)          # ends[s - 1]: end time of step s (grown by doubling)
+        self.last_iteration = -1            # the iteration in which the latest step ran
+        self.tokens = 0                     # decode tokens generated in aggregate (diagnostics)
+        self.taking = [0] * self.block_size  # members past their first new block, by f mod B
+        self.first_block = {}               # step f → how many members take their first new block in it
+        self.done_at = {}                   # step → members whose last output token that step produces
+
+    # -- the policy's side ------------------------------------------------------------------------------------
+    def blocks_due(self) -> int:
+        """KV blocks the next step needs."""
+        s = self.steps + 1
+        return self.taking[s % self.block_size] + self.first_block.get(s, 0)
+
+    def take(self, iteration: int, also_blocks: int = 0):
+        """Schedule every member for one decode token and charge the KV blocks due; returns Σ(m + 1) read, or
+        None (and no change) if those blocks plus `also_blocks` more do not fit free memory."""
+        s = self.steps + 1
+        res = s % self.block_size
+        first = self.first_block.get(s, 0)
+        due = self.taking[res] + first
+        if due + also_blocks > self.memory.free_blocks:
+            return None
+        if first:
+            del self.first_block[s]
+            self.taking[res] += first
+        self.memory.free_blocks -= due
+        self.last_iteration = iteration
+        self.tokens += self.n
+        return self.cached + self.n
+
+    # -- the engine's side --------------------------------------------------------------------------------------
+    def join(self, r) -> None:
+        """Add a running decode that has just been committed; it takes part from the next step on."""
+        t0 = self.steps
+        r.cohort = t0
+        self.n += 1
+        self.cached += r.cached
+        last = t0 + r.output_tokens - r.generated
+        self.done_at.setdefault(last, []).append(r)
+        f = self._first_block_step(r)
+        if f <= last:
+            self.first_block[f] = self.first_block.get(f, 0) + 1
+
+    def commit(self, now: float) -> list:
+        """Close the step that ran; returns the members that produced their last token in it (still members)."""
+        s = self.steps
+        if s == len(self.ends):
+            self.ends = np.concatenate((self.ends, np.empty(s)))
+        self.ends[s] = now
+        self.steps = s + 1
+        self.cached += self.n
+        return self.done_at.pop(s + 1, ())
+
+    def leave(self, r) -> None:
+        """Take out a member that completed in the latest step with its true state; its TBT statistics follow
+        at the next flush (many at once are cheaper), from its token times since joining."""
+        self._stop_blocks(r, self.steps)
+        self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
+        if len(self.pending) >= FLUSH:
+            self.flush()
+        self._remove(r)
+
+    def drop(self, r) -> None:
+        """Take out a member that did not complete (the policy evicts it) with its true state."""
+        last = r.cohort + r.output_tokens - r.generated
+        self.done_at[last].remove(r)
+        self._stop_blocks(r, last)
+        r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
+        self._remove(r)
+        self.view.loose[:] = [x for x in self.view.running if x.cohort is None]
+
+    def block_due(self, r) -> int:
+        """Does member r take a new KV block in the next step (1) or not (0)?"""
+        s = self.steps + 1
+        f = self._first_block_step(r)
+        return int(f <= s and (s - f) % self.block_size == 0)
+
+    def flush(self) -> None:
+        """Reduce the completed members' token times to their TBT statistics (finalize_request's floats)."""
+        finalize_many(self.pending, self.keep_token_times)
+        self.pending.clear()
+
+    def materialize(self) -> None:
+        """Write every member's true values back and empty the cohort: the plain per-request path takes over."""
+        if self.n:
+            for r in self.view.running:
+                if r.cohort is not None:
+                    r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
+                    self._settle(r)
+            self._reset()
+        self.view.loose[:] = self.view.running
+
+    def _stop_blocks(self, r, last) -> None:
+        """Stop counting a member's block growth (its last step in the cohort: `last`)."""
+        f = self._first_block_step(r)
+        if f <= min(last, self.steps):      # it was taking blocks
+            self.taking[f % self.block_size] -= 1
+        elif f <= last:                     # it was still to take its first
+            self.first_block[f] -= 1
+
+    def _remove(self, r) -> None:
+        self._settle(r)
+        self.n -= 1
+        self.cached -= r.cached
+        if not self.n:
+            self._reset()
+
+    def _first_block_step(self, r) -> int:
+        """The step whose token first overflows a member's blocks at joining (from its joining-time state)."""
+        return r.cohort + r.blocks * self.block_size - r.cached + 1
+
+    def _settle(self, r) -> None:
+        """True cached, generated, blocks and stamp (token times are the caller's), and out of the cohort."""
+        k = self.steps - r.cohort
+        if k:
+            r.cached += k
+            r.generated += k
+            blocks = -(-r.cached // self.block_size)      # every step reserved up to its token
+            if blocks > r.blocks:
+                r.blocks = blocks
+            r.sched_stamp = self.last_iteration
+        r.cohort = None
+
+    def _reset(self) -> None:
+        """No member refers to past steps any more: start the step count over (keeps `ends` short)."""
+        self.n = self.cached = self.steps = 0
+        if self.pending:                    # their views keep the old end times; later steps write a new array
+            self.ends = np.empty(1024)
+        self.taking = [0] * self.block_size
+        self.first_block.clear()
+        self.done_at.clear()
