@@ -12,9 +12,14 @@ from costmodels.errors import UserError
 FORMATS = ("png", "svg")
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot, on the file-only Agg backend unless pyplot was already imported: a notebook has chosen
+    its inline backend by then, and switching it would stop the notebook's own figures from showing."""
+    import sys
+
     import matplotlib
-    matplotlib.use("Agg")           # files only; never needs a display
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
@@ -28,7 +33,7 @@ def save_figure(fig, stem, formats=FORMATS) -> list:
         p = stem.parent / f"{stem.name}.{fmt}"          # not with_suffix: names may contain dots
         fig.savefig(p, dpi=130, bbox_inches="tight")
         paths.append(p)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return paths
 
 
@@ -87,7 +92,7 @@ def _label(keys, values) -> str:
 # -- metric vs an axis ----------------------------------------------------------------------------------------------
 def plot_metric(df: pd.DataFrame, x: str, y: str, hue=("policy",), ax=None, logx=False, logy=False):
     """One line per hue combination: the mean over seeds, with a band from the min to the max seed."""
-    plt = _pyplot()
+    plt = pyplot()
     hue = [h for h in hue if h != x]
     _need_columns(df, [x, y, *hue], "plot")
     if "status" in df:
@@ -145,7 +150,7 @@ def y_at(df, x, y, pol, xv) -> float:
 # -- distributions and timelines -------------------------------------------------------------------------------------
 def plot_cdfs(tables: dict, metrics=("ttft_s", "tbt_p99_s", "e2e_s")):
     """Empirical CDFs, one panel per metric, one line per run (finished requests only)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     for ax, m in zip(axes[0], metrics):
         for label, req in tables.items():
@@ -162,7 +167,7 @@ def plot_cdfs(tables: dict, metrics=("ttft_s", "tbt_p99_s", "e2e_s")):
 
 def plot_timeline(iters: pd.DataFrame, capacity_tokens: int | None = None, title: str = ""):
     """One run over time: batch size, running size, KV use, cumulative evictions/preemptions."""
-    plt = _pyplot()
+    plt = pyplot()
     _need_columns(iters, ["start_s", "batch_size", "running", "kv_alloc_tokens", "preemptions"], "timeline")
     t = iters["start_s"].to_numpy(float)
     fig, axes = plt.subplots(4, 1, figsize=(7, 7.5), sharex=True)

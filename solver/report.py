@@ -60,9 +60,8 @@ def format_result(res, inst, title: str = "") -> str:
 
 def plot_gantt(res, inst, path) -> None:
     """One row per request, one bar per batch it is in: prefill/refill chunks, decode steps, and evictions."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sim.plots import pyplot
+    plt = pyplot()
     traj = res.trajectory
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.45 * inst.n))
     for j, step in enumerate(res.schedule.steps, start=1):

@@ -1,4 +1,6 @@
 """Plots draw what the tables say: seed means and bands, capacity markers, CDFs ending at 1, timeline counts."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -75,3 +77,15 @@ def test_cli_metric_and_attainment_from_a_sweep_directory(tmp_path, results):
     assert main(["plot", "attainment", str(tmp_path / "results.csv"), "--target", "0.9", "--where", "policy=vllm"]) == 0
     assert (tmp_path / "attainment_slo_vs_workload_rate.svg").exists()
     assert main(["plot", "metric", str(tmp_path), "--y", "nope"]) == 2
+
+
+def test_library_plots_keep_a_backend_the_user_chose():
+    # A notebook picks its inline backend before servesim draws; switching to Agg would hide its later figures.
+    import subprocess
+    import sys
+    code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot\n"
+            "from sim.plots import pyplot; pyplot()\n"
+            "print(matplotlib.get_backend())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    assert out == "svg"

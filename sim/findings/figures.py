@@ -6,6 +6,7 @@ from pathlib import Path
 from sim.findings import infermax as im
 from sim.findings.registry import Scale
 from sim.findings.runs import mixed, offline
+from sim.plots import pyplot
 
 FIGURES: dict = {}
 
@@ -17,23 +18,13 @@ def figure(name, title):
     return deco
 
 
-def _plt():
-    import sys
-
-    import matplotlib
-    if "matplotlib.pyplot" not in sys.modules:     # headless CLI; a notebook has already chosen its backend
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 FIG5_ROWS = (("makespan_s", "latency (s)"), ("tps", "TPS"), ("ttft_mean", "mean TTFT (s)"),
              ("tpot_mean", "mean TPOT (s)"), ("evictions", "evictions"), ("kv_util_mean", "mean KV use / M"))
 
 
 @figure("fig5", "Figure 5: high contention, metrics vs I per O")
 def fig5(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(len(FIG5_ROWS), len(s.O_grid), figsize=(4 * len(s.O_grid), 2.3 * len(FIG5_ROWS)),
                              squeeze=False, sharex=True)
     for j, O in enumerate(s.O_grid):
@@ -52,7 +43,7 @@ def fig5(s: Scale):
 
 @figure("fig6", "Figure 6: TPS vs O for B = 32 and the contention B (vLLM, I = 128)")
 def fig6(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     o_grid = (1, 32, 256, 1024)
     for B in (32, s.B):
@@ -65,7 +56,7 @@ def fig6(s: Scale):
 
 @figure("fig8", "Figure 8: original vs eviction-free at O = 1024")
 def fig8(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     rows = (("tps", "TPS"), ("ttft_mean", "mean TTFT (s)"), ("tpot_mean", "mean TPOT (s)"),
             ("running_mean", "mean running size"))
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.2))
@@ -84,7 +75,7 @@ def fig8(s: Scale):
 
 @figure("fig9", "Figure 9: TPS vs M, with and without evictions (O = 32)")
 def fig9(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(s.M_sweep_I), figsize=(4.5 * len(s.M_sweep_I), 3.5), squeeze=False)
     for ax, I in zip(axes[0], s.M_sweep_I):
         for p in ("vllm", "vllm-ef", "sarathi", "sarathi-ef"):
@@ -98,7 +89,7 @@ def fig9(s: Scale):
 
 @figure("fig11", "Figure 11: TPS vs R_max (I = 128)")
 def fig11(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     grid = im._rmax_grid(s)
     for ax, O in zip(axes, (32, 1024)):
@@ -112,7 +103,7 @@ def fig11(s: Scale):
 
 @figure("fig12", "Figure 12: low contention (B = 32), latency vs I")
 def fig12(s: Scale):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(s.O_grid), figsize=(4 * len(s.O_grid), 3.3), squeeze=False)
     for ax, O in zip(axes[0], s.O_grid):
         for p in ("vllm", "sarathi", "sarathi-nohy"):
@@ -123,7 +114,7 @@ def fig12(s: Scale):
 
 
 def _rank_bars(s: Scale, metric: str, label: str):
-    plt = _plt()
+    plt = pyplot()
     import numpy as np
     fig, ax = plt.subplots(figsize=(9, 3.5))
     xs = np.arange(len(im.WORKLOADS))
@@ -158,5 +149,5 @@ def draw(name: str, s: Scale, out_dir) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out, dpi=80)
-    _plt().close(fig)
+    pyplot().close(fig)
     return out
