@@ -1,7 +1,7 @@
 """Parametrisation shared by the claim test files: which claims run at which scale, with which marks."""
 import pytest
 
-from sim.findings import evaluate
+from sim.findings import FULL, QUICK, evaluate
 
 
 def claim_params(claims, scale_name: str, *, full_only=(), known: dict | None = None, skip: dict | None = None,
@@ -31,3 +31,17 @@ def claim_params(claims, scale_name: str, *, full_only=(), known: dict | None = 
 def check_direction(claim, scale):
     r = evaluate(claim, scale)
     assert r.outcome.direction, f"{claim.id} ({claim.statement}): paper {r.outcome.paper}; ours {r.outcome.ours}"
+
+
+def direction_tests(claims, **params):
+    """The two direction tests of a claim file: every claim at the quick scale (default run) and the rest at the
+    full scale (slow); `params` as claim_params. Assign both to module-level names so pytest collects them."""
+    @pytest.mark.parametrize("claim", claim_params(claims, "quick", **params))
+    def test_claim_direction_quick(claim):
+        check_direction(claim, QUICK)
+
+    @pytest.mark.parametrize("claim", claim_params(claims, "full", **params))
+    def test_claim_direction_full(claim):
+        check_direction(claim, FULL)
+
+    return test_claim_direction_quick, test_claim_direction_full

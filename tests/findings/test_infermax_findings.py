@@ -4,8 +4,8 @@ Claims the simulator does not reproduce are expected failures with the reason, s
 makes one pass is noticed (and the report and this list are updated together)."""
 import pytest
 
-from sim.findings import FULL, QUICK, load_claims
-from tests.findings.claim_params import check_direction, claim_params
+from sim.findings import load_claims
+from tests.findings.claim_params import direction_tests
 
 CLAIMS = load_claims()
 INFERMAX = [c for c in CLAIMS.values() if c.paper == "infermax"]
@@ -22,19 +22,8 @@ KNOWN_DISAGREEMENTS = {
 SLOW_ANYWAY = set()
 
 
-def _params(scale_name):
-    return claim_params(INFERMAX, scale_name, full_only=FULL_ONLY, known=KNOWN_DISAGREEMENTS,
-                        slow_anyway=SLOW_ANYWAY)
-
-
-@pytest.mark.parametrize("claim", _params("quick"))
-def test_claim_direction_quick(claim):
-    check_direction(claim, QUICK)
-
-
-@pytest.mark.parametrize("claim", _params("full"))
-def test_claim_direction_full(claim):
-    check_direction(claim, FULL)
+test_claim_direction_quick, test_claim_direction_full = direction_tests(
+    INFERMAX, full_only=FULL_ONLY, known=KNOWN_DISAGREEMENTS, slow_anyway=SLOW_ANYWAY)
 
 
 def test_toy_ttft_matches_the_hand_worked_numbers():

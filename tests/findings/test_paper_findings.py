@@ -5,8 +5,8 @@ Claims the simulator does not reproduce are strict expected failures with the re
 pass is noticed. Claims marked *not modelled* (a dataset or baseline we lack) are skipped."""
 import pytest
 
-from sim.findings import FULL, QUICK, evaluate, load_claims
-from tests.findings.claim_params import check_direction, claim_params
+from sim.findings import QUICK, evaluate, load_claims
+from tests.findings.claim_params import direction_tests
 
 CLAIMS = load_claims()
 PAPERS = ("aptserve", "bros", "econoserve", "alise")
@@ -36,19 +36,8 @@ KNOWN_DISAGREEMENTS = {
 }
 
 
-def _params(scale_name):
-    return claim_params([c for c in SELECTED if c.id not in NOT_MODELLED], scale_name, full_only=FULL_ONLY,
-                        known=KNOWN_DISAGREEMENTS)
-
-
-@pytest.mark.parametrize("claim", _params("quick"))
-def test_claim_direction_quick(claim):
-    check_direction(claim, QUICK)
-
-
-@pytest.mark.parametrize("claim", _params("full"))
-def test_claim_direction_full(claim):
-    check_direction(claim, FULL)
+test_claim_direction_quick, test_claim_direction_full = direction_tests(
+    [c for c in SELECTED if c.id not in NOT_MODELLED], full_only=FULL_ONLY, known=KNOWN_DISAGREEMENTS)
 
 
 def test_every_paper_registers_claims_with_ids_and_reasons():
