@@ -134,13 +134,15 @@ class UnifiedScheduler(Policy):
         return True
 
     def decode_cohort(self, view):
-        """The running group is where decodes get their token: at the head of the batch (decode-first) or after
-        the admissions (prefill-first, whose waiting group then must not evict running requests). There the
-        whole set is taken, or skipped (a prefill-only batch), or the step falls back to the per-request path
-        (see _cohort_step)."""
+        """The running group is where decodes get their token: at the head of the batch (decode-first), after
+        the admissions (prefill-first, whose waiting group then must not evict running requests), or ahead of
+        the running prefills' chunks (running-first, hybrid, while those prefills are the tail of the running
+        order). There the whole set is taken, or skipped (a prefill-only batch), or the step falls back to the
+        per-request path (see _cohort_step)."""
         c = self.config
         return (type(self) is UnifiedScheduler and not c.peak_admission and getattr(view, "plain_reserve", False)
-                and (c.order == "decode_first" or (c.order == "prefill_first" and not c.evict_for_waiting)))
+                and (c.order == "decode_first" or (c.order == "prefill_first" and not c.evict_for_waiting)
+                     or (c.order == "running_first" and c.hybrid)))
 
     def _cohort_step(self, view, cohort, batch, st) -> None:
         """The cohort's part of this step, decided where the running group begins."""
@@ -158,17 +160,26 @@ class UnifiedScheduler(Policy):
 
     def _take_cohort(self, view, cohort, batch, stamp, st) -> bool:
         """Take the whole decode cohort into the batch if every running decode would get its token this step
-        (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters)."""
-        bs, need, decodes = view.memory.block_size, 0, cohort.n
+        (all fit the budget C and their next KV blocks fit free memory: then no order or eviction matters).
+        Running-first takes the running group in running order; where the running prefills are the tail of it
+        (vLLM v1's FCFS running list keeps them there: a request is appended when it enters and stays behind
+        every decode until its prefill is done) that is decode-first's group, decodes then prefills. A prefill
+        with decodes behind it would take its chunk before them: per request, this step."""
+        bs, need, decodes, prefills = view.memory.block_size, 0, cohort.n, 0
         for r in view.loose:
             if r.cached >= r.input_tokens:
                 decodes += 1
                 extra = -(-(r.cached + 1) // bs) - r.blocks
                 if extra > 0:
                     need += extra
-            elif r.sched_stamp != stamp and self.config.order == "prefill_first":
-                return False                # a running prefill among the decodes: their order matters
+            elif r.sched_stamp != stamp:
+                if self.config.order == "prefill_first":
+                    return False            # a running prefill among the decodes: their order matters
+                prefills += 1
         if decodes > self.C - batch.num_tokens:
+            return False
+        if prefills and self.config.order == "running_first" and not all(
+                r.cohort is None and r.cached < r.input_tokens for r in view.running[-prefills:]):
             return False
         context = cohort.take(stamp, need)
         if context is None and self._tail_victim_frees(view, cohort, need, stamp):
@@ -241,6 +252,8 @@ class UnifiedScheduler(Policy):
             yield prefills
             yield waiting()
         elif order == "running_first":
+            if cohort is not None and cohort.n:
+                self._cohort_step(view, cohort, batch, st)
             yield list(running)
             yield waiting()
         else:

@@ -313,6 +313,10 @@ class Simulation:
                     or not self.policy.steady_decode(view, full_decode)):
                 return t
             queued = bool(view.waiting or view.swapped)
+            # The steps below move no request in or out: their per-step counters are zero (the plain loop
+            # resets them every iteration; left alone they would repeat the last scheduled step's swaps).
+            view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            view.step_hidden_recompute = view.step_swap_hidden = 0
             arrival = self.arrival_clock.time         # the next arrival event's exact time (or inf)
             stop = self.max_iterations or math.inf
             start = t0 = t

@@ -93,9 +93,39 @@ def test_decode_cohort_carries_a_decode_heavy_run_and_falls_back_under_kv_pressu
     assert sim.cohort.tokens > 0.9 * res.summary["generated_tokens"]
 
 
+@pytest.mark.parametrize("knobs,M,seed,rate", [
+    ({}, 100_000, 12, 8.0), ({"C": 256, "P": 256}, 100_000, 12, 8.0), ({}, 6000, 12, 8.0),
+    ({"P": 64, "preemption": "swap"}, 5000, 12, 8.0),
+    # A decode swapped out from the middle (longest input) comes back behind a running prefill whose chunk the
+    # small P cut short: the running order then interleaves them, and such steps take the per-request path.
+    ({"P": 32, "preemption": "swap", "victim": "longest_input"}, 5000, 13, 30.0),
+    ({"P": 32, "preemption": "swap", "victim": "longest_input", "p_counts_decode_tokens": False}, 5000, 13, 30.0)])
+def test_running_first_cohort_takes_decodes_beside_running_prefill_chunks(knobs, M, seed, rate):
+    """vLLM v1 (running first): the cohort takes the decodes whenever the running prefills are the tail of the
+    running order; budget or KV short enough to preempt, or a decode behind a prefill, take the per-request
+    path; the tables stay those of the plain loop."""
+    table = _workload(seed, 150, rate, 600, 300)
+    sim, res = _assert_identical({"memory": {"M": M, "block_size": 16},
+                                  "policy": {"name": "vllm-v1", **knobs}}, table, True)
+    assert res.summary["generated_tokens"] == int(table["output_tokens"].sum())
+    assert sim.cohort.tokens > 0.5 * res.summary["generated_tokens"]
+    if M < 10_000:
+        assert res.summary["evictions"] + res.summary["swaps"] > 0
+
+
+@pytest.mark.parametrize("name", ["sarathi", "vllm"])
+def test_cohort_stretch_after_a_swap_in_records_no_swaps(name):
+    """A steady cohort stretch that starts right after a step that swapped requests in moves nothing itself:
+    its iteration rows carry zero swap traffic, as the plain loop's do (they used to repeat the swap-in)."""
+    table = _workload(12, 150, 8.0, 600, 300)
+    sim, res = _assert_identical({"memory": {"M": 5000, "block_size": 16},
+                                  "policy": {"name": name, "preemption": "swap"}}, table, True)
+    assert res.summary["swaps"] > 0 and sim.fast_forward_iterations > 0
+
+
 def test_decode_cohort_is_off_where_it_does_not_apply():
     table = _workload(2, 5, 1.0, 50, 50)
-    for raw in ({"policy": {"name": "vllm-v1"}}, {"policy": {"name": "vllm", "evict_for_waiting": True}},
+    for raw in ({"policy": {"name": "vllm-v1", "hybrid": False}}, {"policy": {"name": "vllm", "evict_for_waiting": True}},
                 {"policy": {"name": "sarathi"}, "memory": {"kv_quant_bits": 8}},
                 {"policy": {"name": "sarathi"}, "sim": {"fast_forward": False}}):
         sim = build_simulation(scenario_from_dict(raw), requests_from_table(table))
