@@ -27,6 +27,23 @@ def capacity_tokens(scn: Scenario, model, gpu) -> int:
                               m.activation_reserve_gib * GiB, m.kv_dtype)
 
 
+def scenario_costmodel(scn: Scenario, model, gpu):
+    """The scenario's batch-time model for this model and GPU."""
+    cm_spec = dict(scn.costmodel)
+    if scn.memory.kv_dtype and "kv_dtype" not in cm_spec:   # quantized KV is paid for in swap/dequant time too
+        cm_spec["kv_dtype"] = scn.memory.kv_dtype
+    return build_costmodel(cm_spec, model, gpu, scn.hardware.tp)
+
+
+def build_section(scn: Scenario, section: str):
+    """Build one free-form section of a scenario (policy, costmodel or workload): where its keys get checked."""
+    if section == "policy":
+        return build_policy(scn.policy)
+    if section == "costmodel":
+        return scenario_costmodel(scn, get_model(scn.model.name), get_gpu(scn.hardware.gpu))
+    return build_workload(scn.workload, np.random.default_rng(scn.seed))
+
+
 def requests_from_table(df) -> list:
     cols = df.columns
     cls = df["cls"].to_numpy() if "cls" in cols else None
@@ -40,10 +57,7 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
     M = capacity_tokens(scn, model, gpu)
-    cm_spec = dict(scn.costmodel)
-    if scn.memory.kv_dtype and "kv_dtype" not in cm_spec:   # quantized KV is paid for in swap/dequant time too
-        cm_spec["kv_dtype"] = scn.memory.kv_dtype
-    cm = build_costmodel(cm_spec, model, gpu, scn.hardware.tp)
+    cm = scenario_costmodel(scn, model, gpu)
     policy = build_policy(scn.policy)
     if requests is None:
         rng = np.random.default_rng(scn.seed)

@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class SweepSpec:
     source: str
     axes: list = field(default_factory=list)
     fixed: dict = field(default_factory=dict)
+    set_keys: list = field(default_factory=list)    # the --set keys (already applied to base)
 
 
 @dataclass
@@ -151,6 +153,7 @@ def load_sweep(path, grid_args=(), set_args=()) -> SweepSpec:
     if set_args:
         # --set goes through the scenario's own override parser, then becomes part of the base.
         spec.base = apply_overrides(spec.base, set_args)
+        spec.set_keys = [t.split("=", 1)[0].strip() for t in set_args]
     if not spec.axes:
         raise UserError(f"{path}: no grid axes; give --grid KEY=V1,V2 or a `grid:` mapping in a sweep file")
     return spec
@@ -207,7 +210,33 @@ def expand(spec: SweepSpec) -> list:
                             f"remove the duplicate value")
         seen[key] = i
         points.append(Point(i, values, resolved, key))
+    if points:
+        _check_free_form_keys(spec, points[0])
     return points
+
+
+FREE_FORM = ("policy", "costmodel", "workload")      # sections whose keys are checked only where they are built
+_UNKNOWN_KEYS = re.compile(r"unknown (?:key|knob)\(s\) (.+?)(?:;| for |$)")
+
+
+def _check_free_form_keys(spec: SweepSpec, first: Point) -> None:
+    """A misspelt grid axis or --set key inside policy, costmodel or workload would otherwise fail every point one
+    by one: build the sections the keys touch for the first point, and stop before anything runs if a section
+    rejects one of those keys as unknown (other errors stay per point)."""
+    from sim.runner import build_section
+    keys = [a.key for a in spec.axes] + [str(k) for k in spec.fixed] + list(spec.set_keys)
+    scn = None
+    for section in FREE_FORM:
+        leaves = {k.rsplit(".", 1)[-1] for k in keys if k.split(".", 1)[0] == section and "." in k}
+        if not leaves:
+            continue
+        scn = scn or scenario_from_dict(copy.deepcopy(first.raw), source=spec.source)
+        try:
+            build_section(scn, section)
+        except UserError as e:
+            named = _UNKNOWN_KEYS.search(str(e))
+            if named and leaves & {x.strip() for x in named.group(1).split(",")}:
+                raise UserError(f"{spec.source}: {e}") from None
 
 
 # -- one run ----------------------------------------------------------------------------------------------------

@@ -159,10 +159,20 @@ def extract(model, x, inst, J) -> Schedule:
     return Schedule(merged)
 
 
+def _refuse_if_too_large(inst, J: int, at_least: str = "") -> None:
+    if inst.n * J > MAX_CELLS:
+        raise UserError(f"solver: {inst.n} requests × {at_least}{J} batch slots is too large for an exact model "
+                        f"(limit {MAX_CELLS} request-slots, about {25 * MAX_CELLS} variables); use fewer requests "
+                        f"or set solver.horizon")
+
+
 def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     opt = inst.options
     t_start = time.perf_counter()
     notes = []
+    # Every schedule needs at least max(O) batches (one token per request per batch): refuse a hopeless size
+    # before the presets run, whose schedules would be checked variable by variable.
+    _refuse_if_too_large(inst, opt.horizon or max(inst.output, default=0), "" if opt.horizon else "at least ")
     if presets is None:
         presets = run_presets(inst, opt.presets)
     for p in presets:
@@ -184,10 +194,7 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         notes.append(f"horizon J = {J} batches: the bound holds over schedules of at most {J} batches")
     ok = [p for p in presets if p.csp_valid and p.schedule is not None and len(p.schedule) <= J]
     best = min(ok, key=lambda p: p.value_s) if ok else None
-    if inst.n * J > MAX_CELLS:
-        raise UserError(f"solver: {inst.n} requests × {J} batch slots is too large for an exact model "
-                        f"(limit {MAX_CELLS} request-slots, about {25 * MAX_CELLS} variables); use fewer requests "
-                        f"or set solver.horizon")
+    _refuse_if_too_large(inst, J)
     model = formulation.build(inst, J, goal_ms)
     backend, why = choose_backend(opt.backend, model)
     start, warm = None, ""

@@ -214,3 +214,13 @@ def test_oversized_model_is_refused_in_one_line(cm):
     inst = inst_of(cm, [2] * 50, [2] * 50, 10_000, horizon=1000, presets=[])
     with pytest.raises(UserError, match="too large"):
         solve(inst)
+
+
+def test_hopelessly_large_instance_is_refused_before_the_presets_run(cm, monkeypatch):
+    """1,024 requests of 128 output tokens need at least 128 batches: refused at once, not after checking every
+    preset's schedule variable by variable (which used to run for minutes)."""
+    import solver.solve as solve_mod
+    monkeypatch.setattr(solve_mod, "run_presets", lambda *a, **k: pytest.fail("presets ran"))
+    inst = inst_of(cm, [16] * 1024, [128] * 1024, 100_000)
+    with pytest.raises(UserError, match="1024 requests × at least 128 batch slots is too large"):
+        solve(inst)

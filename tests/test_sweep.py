@@ -1,6 +1,7 @@
 """Sweeps: grid parsing, resume after a crash, identical rows across --jobs and Dask, errors recorded per point."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,6 +178,19 @@ def test_a_mistyped_axis_fails_before_anything_runs(tmp_path):
     with pytest.raises(UserError, match="memroy"):
         run_sweep(spec(Axis("memroy.M", [1, 2])), tmp_path, progress=False)
     assert not list((tmp_path / "points").glob("*.json"))
+
+
+@pytest.mark.parametrize("key,message", [("workload.rte", "unknown key(s) rte"),
+                                         ("policy.Cx", "unknown knob(s) Cx"),
+                                         ("costmodel.fo", "unknown key(s) fo")])
+def test_a_mistyped_key_inside_a_free_form_section_fails_before_anything_runs(tmp_path, key, message):
+    """policy, costmodel and workload check their keys only when built: the sweep builds them for the first point."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        run_sweep(spec(Axis(key, [1, 2])), tmp_path, progress=False)
+    assert not list((tmp_path / "points").glob("*.json"))
+    with pytest.raises(UserError, match=re.escape(message)):         # the same key given as --set
+        run_sweep(load_sweep(REPO / "examples/poisson-10k.yaml", ["seed=0,1"], [f"{key}=1"]), tmp_path,
+                  progress=False)
 
 
 def test_cli_sweep_and_sweep_files(tmp_path, capsys):
