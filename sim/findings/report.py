@@ -180,6 +180,11 @@ def cmd_reproduce(args) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.silent else None
     if args.update and not args.claims:
         raise UserError("reproduce --update: name the claims to re-evaluate with --claims ID ...")
+    if args.claims:
+        unknown = [c for c in args.claims if c not in load_claims()]
+        if unknown:      # checked before the report is rewritten: a typo must not leave an empty report
+            raise UserError(f"reproduce --claims: unknown claim id(s) {', '.join(unknown)}; "
+                            f"ids look like F4.2-5, AS-1, BR-2, ES-7, AL-3 (see docs/reproduction.md)")
     results, md, figs = reproduce(args.quick, args.out, args.figures, args.claims or None, not args.no_figures, say,
                                   update=args.update)
     t = tally(results)

@@ -59,3 +59,11 @@ def test_reproduce_update_reevaluates_only_the_named_claims(tmp_path, capsys):
     assert main(base + ["--update"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "cannot update it at 'full'" in err[0] and "--claims" in err[1]
+
+
+def test_unknown_claim_id_is_one_line_and_leaves_the_report_alone(tmp_path, capsys):
+    md = tmp_path / "r.md"
+    md.write_text("the existing report")
+    assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--claims", "F4.2-5", "NOPE"]) == 2
+    assert "unknown claim id(s) NOPE" in capsys.readouterr().err
+    assert md.read_text() == "the existing report"
