@@ -166,6 +166,31 @@ def apply_overrides(raw: dict, overrides) -> dict:
     return raw
 
 
+# Ranges of the typed fields: (section, field, test, what is allowed). The free-form sections (policy, costmodel,
+# workload) check their own keys and values where they are built.
+_RANGES = (
+    ("", "seed", lambda v: v >= 0, "an integer >= 0"),
+    ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
+    ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
+    ("memory", "activation_reserve_gib", lambda v: v >= 0, ">= 0"),
+    ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
+    ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
+)
+
+
+def _check_ranges(scn: Scenario) -> None:
+    for section, name, ok, allowed in _RANGES:
+        value = getattr(getattr(scn, section) if section else scn, name)
+        if not ok(value):
+            raise UserError(f"{section + '.' if section else ''}{name}: must be {allowed}, got {value!r}")
+    for cls, slo in scn.slos().items():
+        for k, v in dataclasses.asdict(slo).items():
+            if v is not None and not v > 0:
+                where = "slo" if cls == "default" else f"slo.classes.{cls}"
+                raise UserError(f"{where}.{k}: a latency target must be > 0 seconds (or null for none), got {v!r}")
+
+
 def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
     raw = apply_overrides(raw or {}, overrides)
     scn = _from_dict(Scenario, raw, "")
@@ -173,6 +198,7 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     for sec in ("policy", "workload", "costmodel"):
         if not isinstance(getattr(scn, sec), dict):
             raise UserError(f"{source}: {sec}: expected a mapping")
+    _check_ranges(scn)
     return scn
 
 

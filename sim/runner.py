@@ -56,6 +56,7 @@ def requests_from_table(df) -> list:
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
+    model.check_tp(scn.hardware.tp)
     M = capacity_tokens(scn, model, gpu)
     cm = scenario_costmodel(scn, model, gpu)
     policy = build_policy(scn.policy)

@@ -1,4 +1,5 @@
 """User mistakes get one clear line naming the field/row and what is allowed; never a traceback or a hang."""
+import re
 import subprocess
 import sys
 
@@ -43,6 +44,26 @@ def test_wrong_types_and_bad_override():
         scenario_from_dict({}, ["memory.block_size=big"])
     with pytest.raises(UserError, match=r"expected KEY=VALUE"):
         scenario_from_dict({}, ["policy.name"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("seed=-1", "seed: must be an integer >= 0, got -1"),
+    ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization: must be in (0, 1], got 1.5"),
+    ("memory.swap_space_gib=-1", "memory.swap_space_gib: must be >= 0"),
+    ("sim.max_iterations=-1", "sim.max_iterations: must be an integer >= 0"),
+    ("sim.watchdog_iterations=0", "sim.watchdog_iterations: must be an integer >= 1"),
+    ("slo.ttft_s=-1", "slo.ttft_s: a latency target must be > 0 seconds"),
+    ("slo.classes.rt.tpot_s=0", "slo.classes.rt.tpot_s: a latency target must be > 0 seconds"),
+])
+def test_out_of_range_fields_name_the_field_and_the_range(override, message):
+    """These used to run anyway (a negative seed ended in numpy's traceback, a negative SLO counted as missed)."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        scenario_from_dict({}, [override])
+
+
+def test_tensor_parallel_degree_must_split_the_model():
+    with pytest.raises(UserError, match=r"hardware.tp: tensor-parallel degree 3 is not supported; allowed: 1, 2, 4, 8"):
+        _run({"workload": {"kind": "offline", "num_requests": 2, "prompt": 8, "output": 2}}, "hardware.tp=3")
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
