@@ -27,7 +27,8 @@ def build_workload(spec: dict, rng: np.random.Generator, where: str = "workload"
     kind = spec.pop("kind", None)
     predictor = spec.pop("predictor", None)
     if kind not in WORKLOADS:
-        raise UserError(f"{where}.kind: unknown workload {kind!r}; allowed: {', '.join(sorted(WORKLOADS))}")
+        what = "missing" if kind is None else f"unknown workload {kind!r}"
+        raise UserError(f"{where}.kind: {what}; allowed: {', '.join(sorted(WORKLOADS))}")
     df = validate_requests(WORKLOADS[kind](spec, rng, where), where)
     if predictor is not None:
         # Drawn after the workload, so choosing a predictor never changes the requests themselves.
