@@ -138,18 +138,26 @@ def run_capacity(base: dict, source: str, policies, seeds, target: float, metric
     return table, ev, per_policy
 
 
-def _list_arg(values, cast):
+def _list_arg(values, cast, flag: str):
     out = []
     for v in values or ():
-        out += [cast(parse_value(x)) for x in str(v).split(",") if x.strip()]
+        for x in str(v).split(","):
+            if not x.strip():
+                continue
+            value = parse_value(x)
+            if cast is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise UserError(f"{flag}: expected integers >= 0 separated by commas, got {x.strip()!r}")
+            out.append(cast(value))
     return out
 
 
 def cmd_capacity(args) -> int:
     base, source, name = load_sweep_base(args.scenario, args.set)
     scn = scenario_from_dict(base, source=source)
-    policies = _list_arg(args.policy, str) or [scn.policy.get("name")]
-    seeds = _list_arg(args.seeds, int) or [scn.seed]
+    policies = _list_arg(args.policy, str, "--policy") or [scn.policy.get("name")]
+    seeds = _list_arg(args.seeds, int, "--seeds") or [scn.seed]
+    if args.tol < 0 or args.abs_tol < 0 or not (args.tol > 0 or args.abs_tol > 0):
+        raise UserError(f"--tol / --abs-tol: must be >= 0 and not both 0, got {args.tol:g} / {args.abs_tol:g}")
     start = args.rate_start or float((scn.workload or {}).get("rate") or 1.0)
     opts = dict(start=start, rate_min=args.rate_min or start / 1024, rate_max=args.rate_max or start * 1024,
                 rel_tol=args.tol, abs_tol=args.abs_tol, growth=2.0, max_evals=args.max_evals)

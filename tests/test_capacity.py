@@ -95,3 +95,16 @@ def test_cli_capacity_per_policy_and_seed_with_gpus(tmp_path, capsys):
 def test_capacity_needs_slo_targets():
     with pytest.raises(UserError, match="SLO targets"):
         run_capacity(SINGLE, "test", ["vllm"], [0], 0.9, start=1.0, rate_min=0.1, rate_max=10)
+
+
+@pytest.mark.parametrize("args,message", [(["--seeds", "0,x"], "--seeds: expected integers >= 0 separated by commas, got 'x'"),
+                                          (["--tol", "-1"], "--tol / --abs-tol: must be >= 0 and not both 0"),
+                                          (["--tol", "0"], "--tol / --abs-tol: must be >= 0 and not both 0")])
+def test_cli_capacity_bad_options_are_one_line_before_any_run(tmp_path, capsys, args, message):
+    """A non-integer seed used to end in a traceback; a tolerance <= 0 ran 60 simulations before giving up."""
+    import yaml
+    scn = tmp_path / "s.yaml"
+    scn.write_text(yaml.safe_dump({**SINGLE, "slo": {"ttft_s": 0.05}}))
+    assert main(["capacity", str(scn), "--policy", "vllm", "--no-progress", "--out", str(tmp_path / "c")] + args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
