@@ -7,6 +7,7 @@ import math
 import sys
 
 from costmodels.errors import UserError
+from sim.extensions import load_extensions
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
 PLUGINS: list[str] = [
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        load_extensions()          # SERVESIM_EXTENSIONS: user policies, workloads, GPUs, models
         return args.func(args)
     except UserError as e:
         print(f"servesim: error: {e}", file=sys.stderr)

@@ -11,6 +11,7 @@ from costmodels.errors import UserError
 from policies import build_policy
 from sim.config import Scenario
 from sim.engine import Simulation
+from sim.extensions import load_extensions
 from sim.memory import KVCacheManager
 from sim.metrics import SimResult
 from sim.request import Request
@@ -54,6 +55,7 @@ def requests_from_table(df) -> list:
 
 
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
+    load_extensions()              # in sweep workers too: a spawned process starts without them
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
     model.check_tp(scn.hardware.tp)
