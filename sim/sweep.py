@@ -432,11 +432,33 @@ def cmd_sweep(args) -> int:
         return 130
     print(f"{res.ran} run, {res.skipped} already done, {res.errors} error(s) in {res.wall_s:.1f} s; "
           f"table: {res.out_dir / 'results.csv'}")
+    _show(res.table, spec, args.show)
     if res.errors or (len(res.table) and (res.table["status"] == "error").any()):
         bad = res.table[res.table["status"] == "error"]
         for _, r in bad.head(5).iterrows():
             print(f"  error at point {r['point']}: {r['error']}", file=sys.stderr)
     return 0
+
+
+SHOW_DEFAULT = "tps,ttft_p50,ttft_p99,tpot_p99,slo_attainment,evictions"
+SHOW_MAX_ROWS = 60
+
+
+def _show(table: pd.DataFrame, spec: SweepSpec, show: str) -> None:
+    """Print the axes and a few metrics of every point (up to SHOW_MAX_ROWS rows) so a small sweep needs no
+    second command; --show picks the metric columns, --show none prints nothing."""
+    if show == "none" or not len(table):
+        return
+    cols = [c.strip() for c in show.split(",") if c.strip()]
+    unknown = [c for c in cols if c not in table.columns]
+    if unknown:
+        raise UserError(f"--show: no column(s) {', '.join(unknown)}; have: {', '.join(table.columns)}")
+    axes = [a.key for a in spec.axes if a.key in table.columns]
+    view = table[axes + cols].head(SHOW_MAX_ROWS)
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        print(view.to_string(index=False))
+    if len(table) > SHOW_MAX_ROWS:
+        print(f"... {len(table) - SHOW_MAX_ROWS} more rows in results.csv")
 
 
 def register(sub) -> None:
@@ -449,6 +471,8 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed override for every point")
     p.add_argument("--out", help="results directory (default out/sweeps/<name>)")
     p.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")
+    p.add_argument("--show", default=SHOW_DEFAULT, metavar="COL[,COL]",
+                   help=f"metric columns printed per point after the sweep (default {SHOW_DEFAULT}; 'none' for none)")
     p.add_argument("--keep-runs", action="store_true",
                    help="also write each point's requests/iterations tables to OUT/runs/<key>/ (for CDF/timeline plots)")
     add_parallel_args(p)

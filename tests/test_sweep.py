@@ -199,6 +199,14 @@ def test_cli_sweep_and_sweep_files(tmp_path, capsys):
     assert rc == 0
     df = pd.read_csv(tmp_path / "results.csv")
     assert list(df["memory.M"]) == [2000, 4000] and (df["requests"] == 8).all()
+    shown = capsys.readouterr().out.splitlines()          # the per-point table printed after the sweep
+    assert shown[1].split() == ["memory.M", "tps", "ttft_p50", "ttft_p99", "tpot_p99", "slo_attainment", "evictions"]
+    assert [line.split()[0] for line in shown[2:4]] == ["2000", "4000"]
+    base = ["sweep", str(REPO / "examples/infermax-default.yaml"), "--grid", "memory.M=2e3,4e3", "--set",
+            "workload.num_requests=8", "--set", "workload.output=4", "--out", str(tmp_path), "--no-progress"]
+    assert main(base + ["--show", "none"]) == 0 and len(capsys.readouterr().out.splitlines()) == 1
+    assert main(base + ["--show", "tps,nosuch"]) == 2
+    assert "--show: no column(s) nosuch" in capsys.readouterr().err
     fig9 = load_sweep(REPO / "examples/sweeps/infermax-fig9.yaml")
     pts = expand(fig9)
     assert len(pts) == 5 * 11 * 4
