@@ -190,6 +190,7 @@ def expand(spec: SweepSpec) -> list:
     """Every point of the grid, in row-major order of the axes; each scenario is validated before anything runs."""
     points = []
     seen = {}
+    first = None
     for i, combo in enumerate(itertools.product(*(a.values for a in spec.axes))):
         raw = copy.deepcopy(spec.base)
         for k, v in spec.fixed.items():
@@ -203,6 +204,7 @@ def expand(spec: SweepSpec) -> list:
         except UserError as e:
             where = ", ".join(f"{k}={v}" for k, v in values.items())
             raise UserError(f"{spec.source}: grid point {where}: {e}") from None
+        first = first or scn
         resolved = scn.to_dict()
         key = scenario_key(resolved)
         if key in seen:
@@ -210,8 +212,8 @@ def expand(spec: SweepSpec) -> list:
                             f"remove the duplicate value")
         seen[key] = i
         points.append(Point(i, values, resolved, key))
-    if points:
-        _check_free_form_keys(spec, points[0])
+    if first is not None:
+        _check_free_form_keys(spec, first)
     return points
 
 
@@ -219,18 +221,16 @@ FREE_FORM = ("policy", "costmodel", "workload")      # sections whose keys are c
 _UNKNOWN_KEYS = re.compile(r"unknown (?:key|knob)\(s\) (.+?)(?:;| for |$)")
 
 
-def _check_free_form_keys(spec: SweepSpec, first: Point) -> None:
+def _check_free_form_keys(spec: SweepSpec, scn) -> None:
     """A misspelt grid axis or --set key inside policy, costmodel or workload would otherwise fail every point one
     by one: build the sections the keys touch for the first point, and stop before anything runs if a section
     rejects one of those keys as unknown (other errors stay per point)."""
     from sim.runner import build_section
     keys = [a.key for a in spec.axes] + [str(k) for k in spec.fixed] + list(spec.set_keys)
-    scn = None
     for section in FREE_FORM:
         leaves = {k.rsplit(".", 1)[-1] for k in keys if k.split(".", 1)[0] == section and "." in k}
         if not leaves:
             continue
-        scn = scn or scenario_from_dict(copy.deepcopy(first.raw), source=spec.source)
         try:
             build_section(scn, section)
         except UserError as e:
