@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from costmodels.errors import UserError
+from policies import POLICIES
 from sim.cli import main
 from sim.config import scenario_from_dict
 from sim.extensions import load_extensions
@@ -44,10 +45,18 @@ def test_example_policy_admits_shortest_prompt_first(example):
     assert np.all(np.diff(req["prompt_tokens"].to_numpy()) >= 0)
 
 
-def test_cli_lists_the_extension_policy(monkeypatch, capsys):
-    monkeypatch.setenv("SERVESIM_EXTENSIONS", EXAMPLE)
-    assert main(["policies"]) == 0
-    assert "spf " in capsys.readouterr().out
+def test_cli_loads_extensions_named_in_the_environment(tmp_path, monkeypatch, capsys):
+    ext = tmp_path / "env_only_ext.py"
+    ext.write_text("from policies import register_policy\nfrom policies.unified import UnifiedScheduler\n"
+                   "register_policy('env-only-preset', UnifiedScheduler, 'loaded from SERVESIM_EXTENSIONS', "
+                   "order='decode_first', C=512, P=256)\n")
+    monkeypatch.setenv("SERVESIM_EXTENSIONS", f"{EXAMPLE}, {ext}")
+    try:
+        assert main(["policies"]) == 0
+    finally:
+        POLICIES.pop("env-only-preset", None)     # other tests compare against the built-in registry
+    out = capsys.readouterr().out
+    assert "env-only-preset" in out and "spf " in out
 
 
 def test_broken_extensions_are_one_line(tmp_path):
