@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-from sim.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS as SETUPS, ALISE_VARIANTS as VARIANTS
-from sim.findings.length_aware import alise_scenario as scenario
+from sim.study.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS as SETUPS, ALISE_VARIANTS as VARIANTS
+from sim.study.findings.length_aware import alise_scenario as scenario
 
 
 def main(quick=False):

@@ -7,9 +7,9 @@ import platform
 import time
 import resource
 
-from sim.config import load_scenario
+from sim.scenario.config import load_scenario
 from sim.paths import REPO_ROOT
-from sim.runner import run_scenario
+from sim.cluster.runner import run_scenario
 
 CASES = {
     "infermax-default (B=1024 offline, vllm)": ("examples/infermax-default.yaml", []),

@@ -84,8 +84,8 @@ def case_scenario(case: dict) -> tuple[dict, object]:
 # -- one case, in a child process -------------------------------------------------------------------------------
 def run_case(case: dict) -> dict:
     t_proc = time.perf_counter()
-    from sim.config import scenario_from_dict
-    from sim.runner import build_simulation, requests_from_table
+    from sim.scenario.config import scenario_from_dict
+    from sim.scenario.build import build_simulation, requests_from_table
     raw, table = case_scenario(case)
     scn = scenario_from_dict(raw)
     t_build = time.perf_counter()

@@ -84,6 +84,10 @@ class ModelSpec:
         """Apt-Serve's hidden cache: one hidden vector per layer. Not smaller than KV for GQA models."""
         return self.layers * self.hidden * _dtype_bytes(dtype or self.dtype) / tp
 
+    def hidden_to_kv_ratio(self) -> float:
+        """Apt-Serve: hidden-cache bytes per token over KV bytes per token, d / (2·d_kv); 0.5 for MHA, >1 for GQA."""
+        return self.hidden_bytes_per_token() / self.kv_bytes_per_token()
+
     def kv_proj_flops_per_token(self, tp: int = 1) -> float:
         """FLOPs to rebuild one token's K and V in every layer from its hidden state (Apt-Serve restore)."""
         return 2.0 * self.layers * self.hidden * 2 * self.kv_heads_per_gpu(tp) * self.head_dim

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
-from sim.hybrid_cache import HybridCacheManager, hidden_to_kv_ratio
 
 KV, HIDDEN = "kv", "hidden"
 
@@ -83,11 +82,8 @@ class AptServe(Policy):
         self.knapsacks: list = []
 
     # -- memory -------------------------------------------------------------------------------------------
-    def adapt_memory(self, memory, costmodel):
-        ratio = hidden_to_kv_ratio(costmodel.model) if costmodel.model is not None else 1.0
-        if self.config.cache == "kv_only":
-            ratio = 1.0
-        return HybridCacheManager(memory.capacity_tokens, memory.block_size, 0.0, 0, hidden_ratio=ratio)
+    def kv_layout(self, memory, costmodel):
+        return ("hidden_cache", {"kv_only": self.config.cache == "kv_only"})
 
     def bind(self, view):
         mem = view.memory

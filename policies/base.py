@@ -72,9 +72,11 @@ class Policy:
             return f"prompt+output-1 = {need} tokens exceed KV capacity M = {capacity_tokens}"
         return None
 
-    def adapt_memory(self, memory, costmodel):
-        """Return the KV manager this policy runs on (default: the one given; Apt-Serve and BROS replace it)."""
-        return memory
+    def kv_layout(self, memory, costmodel):
+        """The KV layout this policy runs on: None keeps the scenario's paged manager; ("name", {knobs}) asks the
+        engine for a registered variant of the same capacity (sim/kv/layouts.py: Apt-Serve's hidden cache,
+        BROS's bidirectional blocks). Policies never build managers themselves, so they never import sim."""
+        return None
 
     def schedule(self, view) -> Batch:  # pragma: no cover - interface
         raise NotImplementedError
@@ -87,7 +89,7 @@ class Policy:
         return False
 
     def decode_cohort(self, view) -> bool:
-        """May the engine keep steady running decodes as one cohort (sim/cohort.py, view.cohort)? True promises
+        """May the engine keep steady running decodes as one cohort (sim/engine/cohort.py, view.cohort)? True promises
         that schedule() reads members only for their phase, and each step either takes the whole cohort (every
         member one decode token, exactly what its per-request path would do) or calls view.cohort.materialize()
         before anything else; that it iterates view.loose (running minus members, in running order) where it

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
-from sim.bidir_memory import BidirectionalKVManager
 
 RT, BE = "rt", "be"
 
@@ -55,7 +54,7 @@ class CostTally:
 
 def _entry(req, mem):
     """(req, tokens, context, swap-in slots, is_decode) for a request's next step (whole prompt, no chunking)."""
-    swap = mem.cpu_slots(req) if isinstance(mem, BidirectionalKVManager) else 0
+    swap = mem.cpu_slots(req) if hasattr(mem, "cpu_slots") else 0   # bidirectional layout only
     if req.is_decode:
         return (req, 1, req.cached, swap, True)
     return (req, req.input_tokens - req.cached, req.cached, swap, False)
@@ -90,9 +89,8 @@ class Bros(Policy):
         self.stats = {"time_bound_iters": 0, "replacements": 0, "extreme_swapouts": 0, "recompute_victims": 0,
                       "swap_in_slots": 0}
 
-    def adapt_memory(self, memory, costmodel):
-        return BidirectionalKVManager(memory.capacity_tokens, memory.block_size,
-                                      bidirectional=self.config.bidirectional)
+    def kv_layout(self, memory, costmodel):
+        return ("bidirectional", {"bidirectional": self.config.bidirectional})
 
     def on_commit(self, view, batch, batch_time_s):
         a = self.config.t_avg_alpha

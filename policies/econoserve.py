@@ -90,10 +90,9 @@ class EconoServe(Policy):
 
     # -- setup ------------------------------------------------------------------------------------------------
     def bind(self, view):
-        from sim.kv_lending import LoanLedger   # the memory mechanism lives with the KV manager (imported late: sim
-        c = self.config                         # imports policies, so policies must not import sim at load time)
+        c = self.config
         self.mem = view.memory
-        self.ledger = LoanLedger(view.memory)
+        self.ledger = view.memory.lending_ledger()   # KV lending lives with the KV manager (sim/kv/lending.py)
         self.tfs = c.tfs_tokens or target_forward_size(view.costmodel)
         self.t_g = decode_step_time_s(view.costmodel)
         self.cm = view.costmodel

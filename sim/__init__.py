@@ -1,10 +1,23 @@
-"""The simulator: SimPy engine, request state, KV memory, metrics, scenarios and the CLI."""
-from sim.config import Scenario, load_scenario, scenario_from_dict
-from sim.engine import Simulation, ReplicaView
-from sim.memory import KVCacheManager
-from sim.metrics import SimResult, SLO
-from sim.request import Request
-from sim.runner import run_scenario, build_simulation
+"""The simulator, in rooms: kv (paged KV memory), engine (the replica loop), metrics, scenario (YAML → a built
+replica), cluster (runs), study (sweeps, capacity, regression, plots, findings) and the `servesim` CLI.
 
-__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "Simulation", "ReplicaView", "KVCacheManager",
-           "SimResult", "SLO", "Request", "run_scenario", "build_simulation"]
+The names below are the public face; they load on first use, so importing a low room (sim.errors, sim.paths,
+sim.kv) does not pull in the engine or the study tools."""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Scenario": "sim.scenario.config", "load_scenario": "sim.scenario.config",
+    "scenario_from_dict": "sim.scenario.config",
+    "Simulation": "sim.engine", "ReplicaView": "sim.engine",
+    "KVCacheManager": "sim.kv", "SimResult": "sim.metrics", "SLO": "sim.metrics", "Request": "sim.engine",
+    "build_simulation": "sim.scenario.build", "run_scenario": "sim.cluster.runner",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")

@@ -7,18 +7,18 @@ import math
 import sys
 
 from costmodels.errors import UserError
-from sim.extensions import load_extensions
+from sim.scenario.extensions import load_extensions
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
 PLUGINS: list[str] = [
-    "traces.cli",
-    "sim.sweep",
-    "sim.capacity",
-    "sim.plots",
+    "sim.study.trace_tools",
+    "sim.study.sweep",
+    "sim.study.capacity",
+    "sim.study.plots",
     "costmodels.cli",
     "solver.cli",
-    "sim.findings.report",
-    "sim.regress",
+    "sim.study.findings.report",
+    "sim.study.regress",
 ]
 
 
@@ -47,10 +47,11 @@ def print_summary(summary: dict, title: str = "", file=None) -> None:
 
 
 def cmd_run(args) -> int:
-    from sim.config import load_scenario
-    from sim.runner import run_scenario
+    from sim.scenario.config import load_scenario
+    from sim.cluster.runner import run_scenario
     scn = load_scenario(args.scenario, args.set)
-    res = run_scenario(scn, progress=args.progress)
+    from sim.study.progress import attach_run_progress
+    res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]
         print(f"warning: {len(ids)} request(s) can never complete and were not run (ids {ids[:5]}"

@@ -29,8 +29,9 @@ def register(subparsers) -> None:
 
 
 def cmd_optimal(args) -> int:
-    from sim.config import load_scenario
-    from solver.report import format_result, plot_gantt
+    from sim.scenario.config import load_scenario
+    from sim.study.plots import plot_gantt
+    from solver.report import format_result
     from solver.scenario import instance_from_scenario
     from solver.solve import solve
     scn = load_scenario(args.scenario, args.set)

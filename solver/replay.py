@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from policies.base import Batch, Policy
 from sim.engine import Simulation
-from sim.memory import KVCacheManager
-from sim.request import Request
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import Request
 from solver.schedule import InvalidSchedule, Schedule, Step
 
 

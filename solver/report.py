@@ -1,4 +1,4 @@
-"""Human-readable output of a solve: the summary lines, the preset table, and a Gantt-style plot of a schedule."""
+"""Human-readable output of a solve: the summary lines and the preset table (the Gantt plot is sim.study.plots)."""
 from __future__ import annotations
 
 import math
@@ -56,29 +56,3 @@ def format_result(res, inst, title: str = "") -> str:
     for note in res.notes:
         L.append(f"note: {note}")
     return "\n".join(L)
-
-
-def plot_gantt(res, inst, path) -> None:
-    """One row per request, one bar per batch it is in: prefill/refill chunks, decode steps, and evictions."""
-    from sim.plots import pyplot
-    plt = pyplot()
-    traj = res.trajectory
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.45 * inst.n))
-    for j, step in enumerate(res.schedule.steps, start=1):
-        t0, dt = traj.start_ms[j - 1], traj.batch_ms[j - 1]
-        for i, c in step.tokens.items():
-            decode = traj.values[("d", i, j)] == 1
-            ax.barh(i, dt, left=t0, color="tab:blue" if decode else "tab:orange", edgecolor="white", linewidth=0.5)
-            if not decode:
-                ax.text(t0 + dt / 2, i, str(c), ha="center", va="center", fontsize=7)
-        for i in step.evict:
-            ax.plot(t0, i, marker="x", color="tab:red", markersize=9)
-    ax.set_yticks(range(inst.n))
-    ax.set_yticklabels([f"r{i} (I={inst.prompt[i]}, O={inst.output[i]})" for i in range(inst.n)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms)")
-    ax.set_title(f"{res.status} {res.objective} = {res.incumbent_s * 1e3:.3f} ms "
-                 f"(orange: prefill/refill tokens, blue: decode, x: eviction)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -24,7 +24,7 @@ def options_from_dict(d: dict, where: str = "solver") -> SolverOptions:
 
 
 def instance_from_scenario(scn, overrides: dict | None = None) -> SolverInstance:
-    from sim.runner import capacity_tokens
+    from sim.scenario.build import capacity_tokens
     model = get_model(scn.model.name)
     gpu = get_gpu(scn.hardware.gpu)
     M = capacity_tokens(scn, model, gpu)

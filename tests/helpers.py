@@ -2,8 +2,8 @@
 from costmodels.base import CostModel
 from policies import build_policy
 from sim.engine import Simulation
-from sim.memory import KVCacheManager
-from sim.request import Request
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import Request
 
 
 class TokenCost(CostModel):

@@ -1,5 +1,5 @@
 """Memory invariants checked after every scheduling decision and commit (shared by the EconoServe/ALISE tests)."""
-from sim.request import DONE, RUNNING, SWAPPED
+from sim.engine.request import DONE, RUNNING, SWAPPED
 
 
 def check_memory(sim, batch=None):

@@ -1,9 +1,9 @@
 """ALISE: preemptive SRTF on predicted length, overrun doubling, aging, EWT swap vs Defer/Recompute, invariants."""
 import pytest
 
-from sim.config import scenario_from_dict
-from sim.request import Request
-from sim.runner import build_simulation
+from sim.scenario.config import scenario_from_dict
+from sim.engine.request import Request
+from sim.scenario.build import build_simulation
 from tests.kv_invariants import instrument
 
 

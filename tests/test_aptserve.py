@@ -6,18 +6,18 @@ from costmodels import build_costmodel, get_gpu, get_model
 from costmodels.base import BatchShape
 from policies import build_policy
 from policies.aptserve import Candidate
-from sim.config import load_scenario
-from sim.hybrid_cache import HybridCacheManager, hidden_to_kv_ratio
-from sim.request import Request
-from sim.runner import run_scenario
+from sim.scenario.config import load_scenario
+from sim.kv.hidden_cache import HybridCacheManager
+from sim.engine.request import Request
+from sim.cluster.runner import run_scenario
 from solver.aptserve_knapsack import exact_knapsack, knapsack_value
 
 EX = "examples/aptserve-sharegpt.yaml"
 
 
 def test_hidden_cache_is_half_only_for_mha():
-    assert hidden_to_kv_ratio(get_model("opt-13b")) == 0.5
-    assert hidden_to_kv_ratio(get_model("llama-3-8b")) == 2.0          # GQA: hidden cache is larger
+    assert get_model("opt-13b").hidden_to_kv_ratio() == 0.5
+    assert get_model("llama-3-8b").hidden_to_kv_ratio() == 2.0          # GQA: hidden cache is larger
     mem = HybridCacheManager(16 * 100, 16, hidden_ratio=2.0)
     assert not mem.hidden_allowed
     mem = HybridCacheManager(16 * 100, 16, hidden_ratio=0.5)
@@ -107,7 +107,7 @@ def _run(policy, rate, n=200, extra=()):
 
 @pytest.mark.parametrize("policy", ["aptserve", "aptserve-fcfs", "aptserve-s", "aptserve-decay"])
 def test_invariants_under_memory_pressure(policy):
-    from sim.runner import build_simulation
+    from sim.scenario.build import build_simulation
     scn = load_scenario(EX, [f"policy.name={policy}", "workload.rate=8", "workload.num_requests=100",
                              "memory.M=3000"])
     sims = []
@@ -146,7 +146,7 @@ def test_hidden_cache_is_not_used_for_gqa_models():
     scn = load_scenario(EX, ["model.name=llama-3-8b", "hardware.gpu=a100-80gb", "memory.M=4000",
                              "workload.num_requests=60", "workload.rate=6",
                              "costmodel.path=profiles/a100-80gb/llama-2-7b-linear.yaml"])
-    from sim.runner import build_simulation
+    from sim.scenario.build import build_simulation
     sim = build_simulation(scn)
     assert not sim.memory.hidden_allowed
     res = sim.run()

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from costmodels.errors import UserError
-from sim.config import load_scenario, scenario_from_dict
-from sim.runner import run_scenario
+from sim.scenario.config import load_scenario, scenario_from_dict
+from sim.cluster.runner import run_scenario
 from tests.helpers import run_recorded
 
 
@@ -106,7 +106,7 @@ def test_stuck_policy_raises_clear_error():
     from policies import build_policy
     from sim.engine import Simulation
     from sim.errors import SimulationStuck
-    from sim.memory import KVCacheManager
+    from sim.kv.paged import KVCacheManager
     from tests.helpers import TokenCost, make_requests
     pol = build_policy({"name": "vllm"})
     sim = Simulation(make_requests([(60, 2)]), pol, TokenCost(), KVCacheManager(100, 1, watermark=0.5))

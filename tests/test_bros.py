@@ -1,11 +1,11 @@
 """BROS: bidirectional blocks by hand, run invariants with shared blocks, and the paper's directions."""
 import pytest
 
-from sim.bidir_memory import BidirectionalKVManager
-from sim.class_metrics import rt_be_summary
-from sim.config import load_scenario
-from sim.request import Request
-from sim.runner import build_simulation
+from sim.kv.bidirectional import BidirectionalKVManager
+from sim.metrics.classes import rt_be_summary
+from sim.scenario.config import load_scenario
+from sim.engine.request import Request
+from sim.scenario.build import build_simulation
 
 EX = "examples/bros-rt-be.yaml"
 

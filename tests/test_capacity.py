@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from costmodels.errors import UserError
-from sim.capacity import attainment_at, replicas_needed, run_capacity, search_capacity
+from sim.study.capacity import attainment_at, replicas_needed, run_capacity, search_capacity
 from sim.cli import main
-from sim.config import scenario_from_dict
-from sim.runner import run_scenario
+from sim.scenario.config import scenario_from_dict
+from sim.cluster.runner import run_scenario
 
 
 @pytest.mark.parametrize("start", [0.1, 1.0, 3.7, 50.0])

@@ -44,8 +44,8 @@ def test_vllm_v1_preempts_tail_and_skips_admission_on_that_step():
 def test_prefill_phase_eviction_keeps_input_size():
     """Evicting a partially chunked prompt loses its progress but not its input size (spec A8)."""
     from sim.engine import ReplicaView
-    from sim.memory import KVCacheManager
-    from sim.request import Request
+    from sim.kv.paged import KVCacheManager
+    from sim.engine.request import Request
     v = ReplicaView(KVCacheManager(100, 1), None)
     r = Request(0, 0.0, 10, 5)
     v.waiting.append(r)
@@ -59,8 +59,8 @@ def test_prefill_phase_eviction_keeps_input_size():
 
 def test_decode_phase_eviction_appends_generated_tokens():
     from sim.engine import ReplicaView
-    from sim.memory import KVCacheManager
-    from sim.request import Request
+    from sim.kv.paged import KVCacheManager
+    from sim.engine.request import Request
     v = ReplicaView(KVCacheManager(100, 1), None)
     r = Request(0, 0.0, 10, 5)
     v.waiting.append(r)

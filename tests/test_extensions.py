@@ -6,10 +6,10 @@ import pytest
 from costmodels.errors import UserError
 from policies import POLICIES
 from sim.cli import main
-from sim.config import scenario_from_dict
-from sim.extensions import load_extensions
+from sim.scenario.config import scenario_from_dict
+from sim.scenario.extensions import load_extensions
 from sim.paths import REPO_ROOT
-from sim.runner import run_scenario
+from sim.cluster.runner import run_scenario
 
 EXAMPLE = str(REPO_ROOT / "examples" / "extensions" / "spf_mi300x.py")
 SCENARIO = {"seed": 3, "model": {"name": "llama-2-13b"}, "hardware": {"gpu": "mi300x"},

@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from costmodels.base import BatchShape, CostModel
 from policies import POLICIES
-from sim.config import scenario_from_dict
-from sim.fastforward import _block_events
+from sim.scenario.config import scenario_from_dict
+from sim.engine.fastforward import _block_events
 from sim.metrics import p99_sorted
-from sim.runner import build_simulation, requests_from_table
+from sim.scenario.build import build_simulation, requests_from_table
 
 PRESETS = ["vllm", "sarathi", "vllm-v1", "orca", "rank-i", "lightllm", "vllm-ef", "sarathi-nohy",
            "fastertransformer", "deepspeed-fastgen"]
-# Decode- and prefill-first presets: the ones that run the steady decode cohort (sim/cohort.py).
+# Decode- and prefill-first presets: the ones that run the steady decode cohort (sim/engine/cohort.py).
 COHORT_PRESETS = ["sarathi", "sarathi-ef", "sarathi-p=c", "sarathi-nocp", "sarathi-nohy", "deepspeed-fastgen",
                   "vllm", "vllm-hy", "vllm-ef", "vllm-hy-ef", "fastertransformer"]
 
@@ -146,7 +146,7 @@ def test_every_policy_fast_paths_match_plain_loop(name):
 @pytest.mark.parametrize("idle", [False, True])
 def test_arrivals_exactly_at_iteration_ends_keep_simpys_order(preset, idle):
     """Ties between an arrival and an iteration's end are ordered by SimPy's event creation order; the fast
-    paths replay the arrivals without SimPy (sim/arrivals.py). Arrivals are placed one by one exactly on the
+    paths replay the arrivals without SimPy (sim/engine/arrivals.py). Arrivals are placed one by one exactly on the
     plain loop's iteration boundaries (back to back, so an arrival created at a tie meets the next one)."""
     table = _workload(8, 12, 0.5 if idle else 20.0, 200, 60)
     raw = {"memory": {"M": 3000, "block_size": 16}, "policy": {"name": preset}}
@@ -236,7 +236,7 @@ def test_block_events_match_a_brute_force_count():
 
 def test_finalize_is_numpys_mean_percentile_and_max():
     from sim.metrics import finalize_request
-    from sim.request import Request
+    from sim.engine.request import Request
     rng = np.random.default_rng(4)
     for n in list(range(1, 60)) + [101, 257, 1000, 4097]:
         times = np.cumsum(rng.random(n) * rng.choice([1e-3, 1.0]) + rng.choice([0.0, 1e4]))
@@ -253,7 +253,7 @@ def test_finalize_is_numpys_mean_percentile_and_max():
 def test_finalize_many_is_finalize_request_one_by_one():
     """Batched TBT statistics (equal token counts reduced row-wise) give each request's own floats."""
     from sim.metrics import finalize_many, finalize_request
-    from sim.request import Request
+    from sim.engine.request import Request
     rng = np.random.default_rng(5)
     for keep in (False, True):
         one, many = [], []

@@ -4,12 +4,12 @@ from hypothesis import given, settings, strategies as st
 
 from costmodels import BatchShape, build_costmodel, get_gpu, get_model
 from costmodels.errors import UserError
-from sim.config import scenario_from_dict
-from sim.kv_lending import LoanLedger
-from sim.kv_quant import quantize_kv
-from sim.memory import KVCacheManager
-from sim.request import DONE, RUNNING, Request
-from sim.runner import build_simulation
+from sim.scenario.config import scenario_from_dict
+from sim.kv.lending import LoanLedger
+from sim.kv.quant import quantize_kv
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import DONE, RUNNING, Request
+from sim.scenario.build import build_simulation
 
 
 def _cm():

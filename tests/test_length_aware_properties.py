@@ -6,9 +6,9 @@ from costmodels import get_gpu, get_model
 from costmodels.linear import LinearCostModel, default_profile_path
 from policies import build_policy
 from sim.engine import Simulation
-from sim.kv_quant import quantize_kv
-from sim.memory import KVCacheManager
-from sim.request import Request
+from sim.kv.quant import quantize_kv
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import Request
 from tests.kv_invariants import instrument
 
 _CM = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), model=get_model("llama-2-7b"),

@@ -3,8 +3,8 @@ import pytest
 
 from costmodels import BatchShape, get_gpu, get_model, kv_capacity_tokens
 from costmodels.linear import LinearCostModel
-from sim.memory import KVCacheManager
-from sim.request import Request
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import Request
 
 
 def test_blocks_round_up_and_free():

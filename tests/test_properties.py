@@ -8,8 +8,8 @@ from costmodels.linear import LinearCostModel, default_profile_path
 from policies import POLICIES, build_policy
 from policies.unified import UnifiedScheduler
 from sim.engine import Simulation
-from sim.memory import KVCacheManager
-from sim.request import Request
+from sim.kv.paged import KVCacheManager
+from sim.engine.request import Request
 
 PRESETS = sorted(POLICIES)
 _CM = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), model=get_model("llama-2-7b"),
@@ -66,8 +66,8 @@ def test_same_inputs_give_identical_tables(specs, name):
 
 
 def test_same_seed_same_scenario_identical_and_other_seed_differs():
-    from sim.config import scenario_from_dict
-    from sim.runner import run_scenario
+    from sim.scenario.config import scenario_from_dict
+    from sim.cluster.runner import run_scenario
     raw = {"workload": {"kind": "poisson", "num_requests": 200, "rate": 20,
                         "prompt": {"dist": "uniform", "low": 16, "high": 512}, "output": {"dist": "uniform", "low": 1,
                                                                                        "high": 64}},

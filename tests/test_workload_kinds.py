@@ -6,9 +6,10 @@ import yaml
 
 from costmodels.errors import UserError
 from sim.cli import main
-from sim.config import load_scenario, scenario_from_dict
+from sim.scenario.config import load_scenario, scenario_from_dict
 from sim.paths import REPO_ROOT
-from sim.runner import requests_from_table, run_scenario
+from sim.scenario.build import requests_from_table
+from sim.cluster.runner import run_scenario
 from traces import WORKLOADS, build_workload
 from traces.arrivals import mean_rate
 

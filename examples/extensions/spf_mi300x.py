@@ -12,7 +12,7 @@ import dataclasses
 from costmodels.catalog import GPU, GPUS, GiB
 from costmodels.errors import UserError
 from policies import Batch, Policy, register_policy
-from sim.request import RUNNING
+from sim.engine.request import RUNNING
 
 # AMD Instinct MI300X datasheet: 192 GB HBM3 at 5.3 TB/s, 1307 TFLOP/s dense FP16, PCIe Gen5 x16 (64 GB/s each
 # way), seven Infinity Fabric links (896 GB/s in all, 448 GB/s each way).

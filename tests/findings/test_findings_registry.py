@@ -1,7 +1,7 @@
 """The claim machinery itself: verdict logic, magnitude tolerance, missing requirements, and the report writer."""
-from sim.findings.registry import (DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, Outcome, Scale,
+from sim.study.findings.registry import (DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, Outcome, Scale,
                                    evaluate, within)
-from sim.findings.report import provenance, render_markdown, tally
+from sim.study.findings.report import provenance, render_markdown, tally
 
 TINY = Scale("tiny", B=8, m_factor=0.01, I_grid=(16,), O_grid=(4,), M_sweep_I=(16,), rank_B=8)
 

@@ -30,7 +30,7 @@ def test_reproduce_quick_whole_report(tmp_path):
     assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--figures", str(figs)]) == 0
     text = md.read_text()
     assert "Direction reproduced in" in text
-    from sim.findings import load_claims
+    from sim.study.findings import load_claims
     claims = load_claims()
     assert text.count("\n| F") == sum(c.paper == "infermax" for c in claims.values()) == 39
     for prefix in ("AS-", "BR-", "ES-", "AL-"):          # Apt-Serve, BROS, EconoServe, ALISE

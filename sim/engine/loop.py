@@ -1,0 +1,368 @@
+"""The replica loop, schedule → cost → clock → commit: under SimPy (plain), or SimPy-free on the exact fast paths."""
+from __future__ import annotations
+
+import gc
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import simpy
+
+from costmodels.base import BatchShape
+from sim.engine.arrivals import ArrivalClock
+from sim.engine.cohort import DecodeCohort
+from sim.errors import SimulationStuck
+from sim.engine.fastforward import FastForward
+from sim.engine.itertally import IterationTally
+from sim.kv.layouts import build_layout
+from sim.kv.paged import KVCacheManager
+from sim.metrics import SimResult, finalize_request
+from sim.engine.request import DONE, INFEASIBLE, RUNNING
+from sim.engine.view import ReplicaView
+
+
+# The per-iteration table's columns; the engine keeps a row tuple per iteration (cheaper than 12 appends).
+ITER_COLUMNS = ("start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens", "running", "waiting",
+                "kv_alloc_tokens", "kv_cached_tokens", "preemptions", "swap_in_tokens", "swap_out_tokens")
+
+
+@contextmanager
+def _quiet_gc(young: int = 20_000):
+    """Garbage collection tuned for the replica loop, which allocates many short-lived objects that form no
+    cycles: what exists before the run (requests, modules) is frozen out of full collections, which would
+    otherwise walk it again and again for nothing (~10% of a run), and the young generation is collected
+    less often. Cycles made during the run are still collected; results do not depend on any of this."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(young, threshold[0]), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
+class Simulation:
+    """One replica serving a request stream under one policy and one cost model."""
+
+    def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
+                 watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
+                 fast_forward: bool = True):
+        self.policy = policy
+        self.costmodel = costmodel
+        memory = build_layout(memory, costmodel, policy.kv_layout(memory, costmodel))   # a policy's own KV layout
+        self.memory = memory
+        self.view = ReplicaView(memory, costmodel)
+        self.max_iterations = max_iterations
+        self.watchdog_iterations = watchdog_iterations
+        self.keep_token_times = keep_token_times
+        self.record_iterations = record_iterations
+        self.all_requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        self.infeasible = []
+        feasible = []
+        for r in self.all_requests:
+            why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
+            if why:
+                r.state, r.reason = INFEASIBLE, why
+                self.infeasible.append(r)
+            else:
+                feasible.append(r)
+        self.requests = feasible
+        self.completed = 0
+        self.arrived = 0
+        self.tokens_generated = 0
+        self.truncated = False
+        self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
+        self._idle = None
+        self.fast_forward = FastForward(self) if fast_forward else None
+        self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
+        self.tally = None if record_iterations else IterationTally()   # summary totals without the table
+        self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
+        self.cohort = None                      # the steady decode cohort, set up by run() where it applies
+        self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
+
+    # -- processes --------------------------------------------------------------------------------------------
+    def _arrivals(self, env):
+        reqs, n, i = self.requests, len(self.requests), 0
+        while i < n:
+            t = reqs[i].arrival_s
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            while i < n and reqs[i].arrival_s <= t:
+                self.view.waiting.append(reqs[i])
+                i += 1
+            self.arrived = i
+            if self._idle is not None and not self._idle.triggered:
+                self._idle.succeed()
+
+    def _replica(self, env):
+        """The replica loop. Under SimPy (the plain loop) every iteration is a timeout; with the exact fast
+        paths `env` is None, the ArrivalClock replays the arrivals process, and the loop never yields."""
+        view, policy, clock = self.view, self.policy, self.arrival_clock
+        total = len(self.requests)
+        last_progress = 0
+        now = 0 if env is None else env.now
+        while self.completed < total:
+            view.now = now
+            view.iteration += 1
+            view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            view.step_hidden_recompute = 0
+            arrived_at_schedule = self.arrived
+            view.step_swap_hidden = 0
+            batch = policy.schedule(view)
+            if not batch.reqs and not batch.cohort:
+                if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
+                    raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
+                if self.arrived < total and clock is not None:
+                    now = clock.wake()
+                    self.arrived = clock.arrived
+                elif self.arrived < total:
+                    self._idle = env.event()
+                    yield self._idle
+                    self._idle = None
+                    now = env.now
+                continue
+            dt, prefill_tokens, n_prefill, n_decode = self._batch_time(batch)
+            start, now = now, now + dt                  # the float add SimPy's timeout does
+            if clock is None:                           # the plain loop: one timeout per iteration
+                yield env.timeout(dt)
+            elif clock.time <= now:
+                self._deliver(start, now)
+            gen_before = self.tokens_generated
+            completed_before = self.completed
+            self._commit(batch, now)
+            policy.on_commit(view, batch, dt)
+            if self.record_iterations:
+                self._record(start, dt, len(batch.reqs) + batch.cohort, prefill_tokens, n_decode)
+            else:
+                self.tally.add(len(batch.reqs) + batch.cohort, len(view.running), self.memory.used_tokens)
+            if self.tokens_generated > gen_before:
+                last_progress = view.iteration
+            elif view.iteration - last_progress > self.watchdog_iterations:
+                raise SimulationStuck(self._stuck_message(
+                    f"no token generated in {self.watchdog_iterations} iterations (evict/refill livelock?)"))
+            if self.max_iterations and view.iteration >= self.max_iterations:
+                self.truncated = True
+                return
+            if self.fast_forward is not None and (self.cohort is None or not view.loose):
+                skip = self._skip_steady if self.cohort is None else self._skip_cohort
+                full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
+                               and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
+                before = view.iteration
+                now = skip(now, full_decode, arrived_at_schedule)
+                if view.iteration > before:          # every skipped iteration generated tokens
+                    last_progress = view.iteration
+                if self.max_iterations and view.iteration >= self.max_iterations:
+                    self.truncated = True
+                    return
+
+    def _batch_time(self, batch):
+        """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
+        view = self.view
+        if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
+                                            or view.step_swap_hidden):
+            # No memory action to charge and a sums-only model (accepts_decode_sums): the integers the shape's
+            # lists would sum to, passed straight to time_from_sums, give the same float.
+            n_dec, kv_read = batch.cohort, batch.cohort_context
+            n_pre = pt = c2 = ck = pk = 0
+            for r, c in zip(batch.reqs, batch.tokens):
+                m = r.cached
+                if m >= r.input_tokens:
+                    n_dec += 1
+                    kv_read += m + 1
+                else:
+                    n_pre += 1
+                    pt += c
+                    c2 += c * c
+                    ck += c * m
+                    pk += m
+            return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+        shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                           hidden_recompute_tokens=view.step_hidden_recompute)
+        pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached
+            if m >= r.input_tokens:
+                dc.append(m + 1)
+            else:
+                pt.append(c)
+                pc.append(m)
+        shape.swap_hidden_tokens = view.step_swap_hidden
+        shape.cohort_decodes, shape.cohort_decode_context = batch.cohort, batch.cohort_context
+        kv_bits = getattr(self.memory, "kv_bits", 16)
+        if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
+            shape.kv_bits = kv_bits
+            shape.dequant_tokens = sum(dc) + sum(pc)
+        return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
+
+    def _deliver(self, start, end):
+        """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""
+        self.arrival_clock.deliver_until(start, end)
+        self.arrived = self.arrival_clock.arrived
+
+    def _skip_steady(self, now, full_decode, arrived_at_schedule):
+        """Advance whole steady decode stretches in closed form (sim/engine/fastforward.py) until one is not steady;
+        returns the replica's clock after them."""
+        ff = self.fast_forward
+        while self.completed < len(self.requests):
+            plan = ff.plan(now, full_decode, arrived_at_schedule)
+            if plan is None:
+                return now
+            arrived_before = self.arrived
+            now = float(plan.ends[-1])
+            self._deliver(float(plan.starts[-1]), now)
+            finished = ff.apply(plan)
+            self.fast_forward_iterations += plan.k
+            # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
+            full_decode = not finished and self.arrived == arrived_before
+            arrived_at_schedule = self.arrived
+        return now
+
+    def _skip_cohort(self, now, full_decode, arrived_at_schedule):
+        """Run steady steps of the cohort alone, one cheap step at a time without the scheduler, then deliver the
+        arrivals due once. Steady as for fast-forward: the policy vouches (steady_decode) that
+        every schedule() would take just the running set, which is all cohort; a stretch stops before a step
+        that would start at or after the next arrival, before a KV block shortfall, at max_iterations, and,
+        with requests queued, after the first completion (freed KV may admit one). Returns the replica's clock."""
+        view, cohort, mem, cm = self.view, self.cohort, self.memory, self.costmodel
+        total = len(self.requests)
+        t = now
+        while self.completed < total:
+            if (view.loose or not cohort.n or self.arrived != arrived_at_schedule
+                    or not self.policy.steady_decode(view, full_decode)):
+                return t
+            queued = bool(view.waiting or view.swapped)
+            # The steps below move no request in or out: their per-step counters are zero (the plain loop
+            # resets them every iteration; left alone they would repeat the last scheduled step's swaps).
+            view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
+            view.step_hidden_recompute = view.step_swap_hidden = 0
+            arrival = self.arrival_clock.time         # the next arrival event's exact time (or inf)
+            stop = self.max_iterations or math.inf
+            start = t0 = t
+            finished = False
+            while cohort.n and t < arrival and view.iteration < stop:
+                n = cohort.n
+                context = cohort.take(view.iteration + 1)
+                if context is None:                    # KV short: the plain loop evicts
+                    break
+                view.iteration += 1
+                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, context)
+                start, t = t, t + dt                   # the float add SimPy's timeout would do
+                view.kv_cached_tokens += n
+                finished |= self._commit_cohort_step(t)
+                if self.record_iterations:
+                    self._record(start, dt, n, 0, n)
+                else:
+                    self.tally.add(n, len(view.running), mem.used_tokens)
+                self.fast_forward_iterations += 1
+                if finished and queued:
+                    break
+            if t == t0:
+                return t
+            arrived_before = self.arrived
+            self._deliver(start, t)
+            view.now = start
+            if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
+                row = self.iter_rows[-1]
+                self.iter_rows[-1] = row[:6] + (len(view.waiting) + len(view.swapped),) + row[7:]
+            full_decode = not finished and self.arrived == arrived_before
+            arrived_at_schedule = self.arrived
+        return t
+
+    def _commit(self, batch, now):
+        view, cohort = self.view, self.cohort
+        if batch.cohort:                   # first: members joining below take part from the next step on
+            self._commit_cohort_step(now)
+        finished = joined = False
+        generated = 0
+        view.kv_cached_tokens += batch.num_tokens
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached + c
+            r.cached = m
+            if m >= r.input_tokens:
+                r.generated += 1
+                generated += 1
+                if r.first_token_s is None:
+                    r.first_token_s = now
+                r.token_times.append(now)
+                if r.generated >= r.output_tokens:
+                    self._finish(r, now)
+                    finished = True
+                elif cohort is not None:   # a running decode: steady from now on, until shown otherwise
+                    cohort.join(r)
+                    joined = True
+        self.tokens_generated += generated
+        if finished:
+            view.running[:] = [r for r in view.running if r.state == RUNNING]
+        if joined or finished:
+            view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
+
+    def _commit_cohort_step(self, now) -> bool:
+        """Every member got its token at `now`; those whose last token it was complete. Returns whether any did."""
+        cohort = self.cohort
+        self.tokens_generated += cohort.n
+        done = cohort.commit(now)
+        for r in done:
+            cohort.leave(r)
+            self._finish(r, now, finalize=False)       # the cohort finalizes its completions in batches
+            self.view.running.remove(r)
+        return bool(done)
+
+    def _finish(self, r, now, finalize=True):
+        """A request produced its last token at `now`: free its KV and reduce its token times."""
+        r.completion_s = now
+        r.state = DONE
+        self.view.kv_cached_tokens -= r.cached
+        self.memory.free(r)
+        self.completed += 1
+        if finalize:
+            finalize_request(r, self.keep_token_times)
+
+    def _record(self, start, dt, n, prefill, decode):
+        v, mem = self.view, self.memory
+        self.iter_rows.append((start, dt, n, prefill, decode, len(v.running), len(v.waiting) + len(v.swapped),
+                               mem.used_tokens, v.kv_cached_tokens - mem.offloaded_tokens,   # GPU-resident
+                               v.step_preemptions, v.step_swap_in, v.step_swap_out))
+
+    @property
+    def iters(self) -> dict:
+        """The per-iteration table as columns: the two times float64, the counts int64 (exact below 2**53)."""
+        if not self.iter_rows:
+            return {k: [] for k in ITER_COLUMNS}
+        a = np.array(self.iter_rows, dtype=float)
+        return {k: a[:, i] if i < 2 else a[:, i].astype(np.int64) for i, k in enumerate(ITER_COLUMNS)}
+
+    def _stuck_message(self, why):
+        v = self.view
+        if self.cohort is not None:
+            self.cohort.materialize()
+        head = (v.waiting[0] if v.waiting else v.swapped[0] if v.swapped else v.running[0] if v.running else None)
+        return (f"simulation stuck at t={v.now:.3f}s, iteration {v.iteration}: {why}; "
+                f"{len(v.waiting)} waiting, {len(v.swapped)} swapped, {len(v.running)} running, "
+                f"KV {self.memory.used_tokens}/{self.memory.capacity_tokens} tokens; first blocked: {head!r}")
+
+    # -- entry point --------------------------------------------------------------------------------------------
+    def run(self):
+        self.policy.bind(self.view)
+        # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
+        # cost model that needs decode sums only, and plain block accounting at full precision.
+        if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
+                and self.costmodel.accepts_decode_sums() and type(self.memory) is KVCacheManager
+                and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
+            self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
+            self.view.loose[:] = self.view.running
+        with _quiet_gc():
+            if self.exact_fast_paths:            # no SimPy: the clock replays the arrivals process's events
+                self.arrival_clock = ArrivalClock(self.requests, self.view.waiting)
+                self.arrived = self.arrival_clock.arrived
+                for _ in self._replica(None):
+                    raise RuntimeError("the fast-path replica loop never waits on SimPy")
+            else:
+                env = simpy.Environment()
+                env.process(self._arrivals(env))
+                done = env.process(self._replica(env))
+                env.run(until=done)
+        if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
+            self.cohort.flush()
+            self.cohort.materialize()
+        return SimResult.from_simulation(self)

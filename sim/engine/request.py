@@ -1,0 +1,65 @@
+"""Per-request state: the InferMax state machine (phase by m ≥ I, refill after eviction) and its timestamps."""
+from __future__ import annotations
+
+WAITING, RUNNING, SWAPPED, DONE, INFEASIBLE = "waiting", "running", "swapped", "done", "infeasible"
+
+
+class Request:
+    """One request. `input_tokens` (I) grows on decode-phase eviction; `cached` (m) is its KV on the GPU."""
+
+    __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "cls", "predicted_output_tokens",
+                 "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
+                 "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
+                 "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
+                 "cohort")
+
+    def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
+                 slo_ttft_s=None, slo_tbt_s=None):
+        self.id = int(id)
+        self.arrival_s = float(arrival_s)
+        self.prompt_tokens = int(prompt_tokens)      # I0
+        self.output_tokens = int(output_tokens)      # O
+        self.cls = cls
+        self.predicted_output_tokens = int(predicted_output_tokens if predicted_output_tokens is not None
+                                           else output_tokens)
+        self.slo_ttft_s = slo_ttft_s
+        self.slo_tbt_s = slo_tbt_s
+        self.input_tokens = self.prompt_tokens      # I
+        self.cached = 0                             # m
+        self.generated = 0
+        self.state = WAITING
+        self.blocks = 0                             # GPU KV blocks held
+        self.swap_blocks = 0                        # CPU blocks held while swapped
+        self.sched_stamp = -1                       # iteration in which it was last placed/preempted
+        self.first_scheduled_s = None
+        self.first_token_s = None
+        self.completion_s = None
+        self.last_token_s = None
+        self.token_times = []
+        self.evictions = 0
+        self.swaps = 0
+        self.evicted_tokens = 0                     # KV tokens thrown away by recompute preemption
+        self.reason = None
+        self.meta = None                            # free slot for policies (predictions, class data)
+        self.tbt = None                             # (mean, p99, max) inter-token gap, set at completion
+        self.cohort = None                          # step it joined the engine's decode cohort (sim/engine/cohort.py)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.state == RUNNING
+
+    @property
+    def swapped(self) -> bool:
+        return self.state == SWAPPED
+
+    @property
+    def is_decode(self) -> bool:
+        return self.cached >= self.input_tokens
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_tokens - self.generated
+
+    def __repr__(self):
+        return (f"Request(id={self.id}, I0={self.prompt_tokens}, O={self.output_tokens}, I={self.input_tokens}, "
+                f"m={self.cached}, gen={self.generated}, {self.state})")

@@ -1,0 +1,77 @@
+"""Per-request token-time statistics: TBT mean, p99 and max from a request's token times, numpy's floats exactly."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+NAN = float("nan")
+
+
+def finalize_request(r, keep_token_times: bool = False, tail=None) -> None:
+    """Reduce a finished request's token times (r.token_times, then the float array `tail` if given: the decode
+    cohort's) to its TBT statistics, exactly as numpy's mean and percentile of np.diff would; memory stays flat."""
+    t = np.array(r.token_times, dtype=float) if tail is None else np.concatenate((r.token_times, tail))
+    n = len(t) - 1                         # gaps
+    if n > 0:
+        gaps = t[1:] - t[:-1]              # np.diff's values, without its overhead
+        # Only the top ~1% order statistics are needed (p99's neighbours and the max): a partition, not a sort.
+        lo = math.floor((n - 1) * 0.99)
+        top = sorted(np.partition(gaps, lo)[lo:].tolist())
+        # np.mean is add.reduce divided by the count: the same pairwise sum, the same division.
+        r.tbt = (float(np.add.reduce(gaps)) / n, _p99(n, top.__getitem__, lo), top[-1])
+    else:
+        r.tbt = (NAN, NAN, NAN)
+    if keep_token_times:
+        if tail is not None:
+            r.token_times = t.tolist()
+    else:
+        r.token_times = [float(t[0]), float(t[-1])] if len(t) else []
+
+
+def finalize_many(items, keep_token_times: bool = False) -> None:
+    """finalize_request for many (request, tail) pairs at once, the same floats: requests with equal token
+    counts go through numpy together, row-wise (add.reduce along rows is the same pairwise sum as on one row)."""
+    by_count: dict = {}
+    for r, tail in items:
+        by_count.setdefault(len(r.token_times) + len(tail), []).append((r, tail))
+    for m, group in by_count.items():
+        if m < 2 or len(group) == 1:
+            for r, tail in group:
+                finalize_request(r, keep_token_times, tail)
+            continue
+        t = np.empty((len(group), m))
+        for row, (r, tail) in zip(t, group):
+            h = len(r.token_times)
+            row[:h] = r.token_times
+            row[h:] = tail
+        n = m - 1
+        gaps = t[:, 1:] - t[:, :-1]
+        lo = math.floor((n - 1) * 0.99)
+        top = np.sort(np.partition(gaps, lo, axis=1)[:, lo:], axis=1)
+        # Elementwise numpy float operations are the scalar ones: each row gets finalize_request's floats.
+        stats = zip((np.add.reduce(gaps, axis=1) / n).tolist(), _p99(n, lambda i: top[:, i], lo).tolist(),
+                    top[:, -1].tolist())
+        for (r, _), tbt, times in zip(group, stats, t.tolist() if keep_token_times else t[:, [0, -1]].tolist()):
+            r.tbt = tbt
+            r.token_times = times
+
+
+def p99_sorted(x: list) -> float:
+    """np.percentile(x, 99) for a sorted list, with numpy's own float steps (same value, ~7x faster per call)."""
+    return _p99(len(x), x.__getitem__)
+
+
+def _p99(n: int, at, first: int = 0) -> float:
+    """np.percentile(·, 99) of n values whose i-th smallest is at(i - first).
+
+    numpy's default 'linear' method: virtual index (n-1)·q, then its lerp that counts back from the upper
+    neighbour when the fraction is at least one half."""
+    virtual = (n - 1) * 0.99
+    lo = math.floor(virtual)
+    if lo >= n - 1:
+        return at(n - 1 - first)
+    frac = virtual - lo
+    a, b = at(lo - first), at(lo + 1 - first)
+    diff = b - a
+    return b - diff * (1 - frac) if frac >= 0.5 else a + diff * frac

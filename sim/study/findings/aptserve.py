@@ -1,0 +1,220 @@
+"""Apt-Serve (spec aptserve.md §6–7) claims the spec marks simulator-checkable (🟢, 🟡), each a check of direction
+and magnitude. Setup: examples/aptserve-sharegpt.yaml (OPT-13B on one A100-40GB, ShareGPT-like lengths, SLO TTFT
+1 s / P99 TBT 1 s), effective throughput = highest Poisson rate meeting 90% / 60% SLO attainment. Not registered:
+Table 6 (scheduler wall-clock, 🔴). Ratio magnitudes ("N x better") use
+registry.within_ratio: the excess over 1x for N ≤ 2."""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.study.capacity import search_capacity
+from sim.scenario.config import load_scenario
+from sim.study.findings.aptbros import APT_EX, greedy_gap
+from sim.study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
+from sim.study.findings.runs import memo
+from sim.cluster.runner import run_scenario
+
+PAPER_KNEE = 2.6               # §3: vLLM's 90% knee, req/s
+RATES, CVS = (3.0, 6.0), (1.0, 5.0, 10.0)   # Tables 4–5 (ShareGPT)
+TABLE4 = {(3, 1): (99.5, 99.5), (3, 5): (94.7, 95.9), (3, 10): (75.1, 78.2),       # (KV only, hybrid), %
+          (6, 1): (65.7, 67.3), (6, 5): (66.7, 67.7), (6, 10): (57.1, 58.4)}
+TABLE5 = {(3, 1): 26.4, (3, 5): 59.7, (3, 10): 11.9, (6, 1): 20.0, (6, 5): 18.1, (6, 10): 9.9}   # FCFS, %
+
+
+def _summ(res) -> dict:
+    req, it = res.requests, res.iterations
+    viol = req[~req.slo_attained.astype(bool)]
+    ttft = req.ttft_s.fillna(np.inf).to_numpy()
+    bound = (it.kv_alloc_tokens >= 0.9 * res.capacity_tokens) & (it.waiting > 0)
+    return {"att": float(res.summary["slo_attainment"]),
+            "ttft_viol_share": float((viol.ttft_s.fillna(np.inf) > 1.0).mean()) if len(viol) else 0.0,
+            "tbt_att": float((req.tbt_p99_s.fillna(0) <= 1.0).mean()),
+            "ttft_p99": float(np.percentile(ttft, 99)), "starved": float(np.mean(ttft > 5.0)),
+            "limit_share": float(it.duration_s[bound].sum() / max(it.duration_s.sum(), 1e-12))}
+
+
+def apt(s: Scale, policy: str, rate: float, cv: float = 1.0) -> dict:
+    """One run of the Apt-Serve scenario (memoised): attainment and the few per-request statistics the claims use."""
+    ov = [f"policy.name={policy}", f"workload.num_requests={s.slo_requests}", f"workload.rate={rate}",
+          f"workload.cv={cv}"]
+    return memo(("aptserve", s.slo_requests, policy, round(rate, 6), cv),
+                lambda: _summ(run_scenario(load_scenario(APT_EX, ov))))
+
+
+def eff(s: Scale, policy: str, target: float) -> float:
+    """Effective throughput: highest rate (within s.capacity_tol) whose SLO attainment meets `target`."""
+    def compute():
+        return {"rate": search_capacity(lambda r: apt(s, policy, r)["att"], target, 0.5, rate_min=0.5, rate_max=64.0,
+                                        rel_tol=s.capacity_tol).capacity_rps}
+    return memo(("aptserve-eff", s.slo_requests, s.capacity_tol, policy, target), compute)["rate"]
+
+
+def x(v):
+    return f"{v:.2f}x"
+
+
+@register_claim("AS-1", "aptserve", "3 (Fig. 2)", "Calibration, vLLM: 90% SLO attainment up to ≈2.6 req/s, ≈70% at "
+                "3 req/s; violations are mostly TTFT; TBT attainment stays roughly flat with rate")
+def as1(s):
+    knee = eff(s, "vllm", 0.9)
+    hi = knee * 3.0 / PAPER_KNEE                  # the paper's 3 req/s, at the same load relative to the knee
+    a, b = apt(s, "vllm", knee), apt(s, "vllm", hi)
+    ok = b["ttft_viol_share"] > 0.5 and min(a["tbt_att"], b["tbt_att"]) >= 0.9
+    return Outcome("knee 2.6 req/s; 70% at 3; TTFT violations dominate",
+                   f"knee {knee:.2f} req/s; {100 * b['att']:.0f}% at {hi:.2f} req/s (= 3 × our knee / 2.6); "
+                   f"{100 * b['ttft_viol_share']:.0f}% of violators miss TTFT; TBT attainment "
+                   f"{100 * a['tbt_att']:.0f}% → {100 * b['tbt_att']:.0f}%", ok,
+                   within(knee, PAPER_KNEE) and within(b["att"], 0.7),
+                   note="the OPT-13B cost model is the Llama-2-7B fit scaled by FLOPs and bandwidth (no OPT profile)")
+
+
+@register_claim("AS-2", "aptserve", "3 (Fig. 2)", "vLLM spends ≈60% of the serving time at its batch limit at the "
+                "90% knee and > 80% at 3 req/s")
+def as2(s):
+    knee = eff(s, "vllm", 0.9)
+    a, b = apt(s, "vllm", knee)["limit_share"], apt(s, "vllm", knee * 3.0 / PAPER_KNEE)["limit_share"]
+    return Outcome("≈60% at the knee, > 80% above it", f"{100 * a:.0f}% at {knee:.2f} req/s, {100 * b:.0f}% at "
+                   f"{knee * 3.0 / PAPER_KNEE:.2f} req/s", b > a and b > 0.5, within(a, 0.6) and within(b, 0.8),
+                   note="our vLLM has no max_num_seqs cap: 'at the limit' = KV ≥ 90% allocated with requests waiting, "
+                        "time-weighted")
+
+
+@register_claim("AS-3", "aptserve", "3 (Fig. 4)", "Random scheduling beats FCFS at every rate; FCFS TTFT violations "
+                "come in clusters")
+def as3(s):
+    return not_modelled("random ≥ FCFS at every rate", "no random-order variant of the vLLM baseline is implemented")
+
+
+@register_claim("AS-4", "aptserve", "6.2 (Fig. 8)", "Effective throughput vs vLLM: 2.3x at 90% attainment, 4.9x at "
+                "60% (averages); the advantage at 60% is much larger than at 90% (baselines collapse)")
+def as4(s):
+    r90, r60 = eff(s, "aptserve", 0.9) / eff(s, "vllm", 0.9), eff(s, "aptserve", 0.6) / eff(s, "vllm", 0.6)
+    return Outcome("2.3x (90%), 4.9x (60%)", f"{x(r90)} (90%), {x(r60)} (60%)", r60 > r90 > 1,
+                   within_ratio(r90, 2.3) and within_ratio(r60, 4.9), note="ShareGPT-like workload, OPT-13B only")
+
+
+@register_claim("AS-5", "aptserve", "6.2 (Fig. 8)", "Effective throughput vs Sarathi-Serve 1.9x / 4.4x and vs "
+                "DeepSpeed-FastGen 1.8x / 4.3x at 90% / 60% attainment")
+def as5(s):
+    paper = {("sarathi", 0.9): 1.9, ("sarathi", 0.6): 4.4, ("deepspeed-fastgen", 0.9): 1.8,
+             ("deepspeed-fastgen", 0.6): 4.3}
+    r = {k: eff(s, "aptserve", k[1]) / max(eff(s, k[0], k[1]), 1e-9) for k in paper}
+    return Outcome("1.9x / 4.4x (Sarathi), 1.8x / 4.3x (FastGen)",
+                   f"{x(r['sarathi', 0.9])} / {x(r['sarathi', 0.6])} (Sarathi), {x(r['deepspeed-fastgen', 0.9])} / "
+                   f"{x(r['deepspeed-fastgen', 0.6])} (FastGen)", all(v > 1 for v in r.values()),
+                   all(within_ratio(r[k], v) for k, v in paper.items()))
+
+
+@register_claim("AS-6", "aptserve", "6.2 (Fig. 8)", "Gains at 60% attainment order by dataset: ShareGPT ≳ LongBench "
+                "> HumanEval")
+def as6(s):
+    return not_modelled("ShareGPT ≳ LongBench > HumanEval", "only the ShareGPT-like workload is implemented "
+                        "(no HumanEval or LongBench length model)")
+
+
+@register_claim("AS-7", "aptserve", "6.2 (Fig. 8)", "Sarathi-Serve and FastGen close much of the gap on HumanEval "
+                "(short outputs) but not on ShareGPT")
+def as7(s):
+    return not_modelled("gap small on HumanEval, large on ShareGPT", "no HumanEval-like workload is implemented")
+
+
+def _grid(s, policy):
+    return {(r, cv): apt(s, policy, r, cv)["att"] for r in RATES for cv in CVS}
+
+
+@register_claim("AS-8", "aptserve", "7 (Table 5)", "Adaptive scheduling vs FCFS (both hybrid cache): FCFS "
+                "significantly degrades attainment at every rate and CV (ShareGPT: 26.4% vs 99.5% at 3 req/s, CV 1)")
+def as8(s):
+    ad, fc = _grid(s, "aptserve"), _grid(s, "aptserve-fcfs")
+    ratio = float(np.mean([ad[k] / max(fc[k], 1e-3) for k in ad]))
+    paper = float(np.mean([TABLE4[k][1] / TABLE5[k] for k in TABLE5]))
+    return Outcome(f"adaptive > FCFS everywhere, mean ratio {x(paper)}",
+                   f"adaptive > FCFS at {sum(ad[k] > fc[k] for k in ad)}/{len(ad)} (rate, CV) points; mean ratio "
+                   f"{x(ratio)}; at 3 req/s CV 1: {100 * fc[3.0, 1.0]:.0f}% vs {100 * ad[3.0, 1.0]:.0f}%",
+                   all(ad[k] >= fc[k] - 0.005 for k in ad) and ratio > 1, within_ratio(ratio, paper))
+
+
+@register_claim("AS-9", "aptserve", "7 (Table 4)", "Hybrid cache vs KV only (both adaptive): hybrid is always at least "
+                "as good; the gain (0–3 pp on ShareGPT) grows with rate and burstiness")
+def as9(s):
+    hy, kv = _grid(s, "aptserve"), _grid(s, "aptserve-kv")
+    gain = {k: 100 * (hy[k] - kv[k]) for k in hy}
+    mean = float(np.mean(list(gain.values())))
+    paper = float(np.mean([b - a for a, b in TABLE4.values()]))
+    grows = np.mean([gain[6.0, c] for c in CVS]) >= np.mean([gain[3.0, c] for c in CVS])
+    return Outcome(f"≥ 0 everywhere, mean +{paper:.1f} pp, growing with rate",
+                   "gain (pp) " + ", ".join(f"{r:g}/{c:g}: {g:+.1f}" for (r, c), g in gain.items()) +
+                   " (rate/CV)", min(gain.values()) >= -0.5 and mean > 0 and grows, within(mean, paper))
+
+
+@register_claim("AS-10", "aptserve", "6.3 (Fig. 9)", "Attainment falls with burstiness (Gamma CV) for every system and "
+                "Apt-Serve's lead over vLLM widens with CV: up to 7.5x higher attainment")
+def as10(s):
+    pols, rate = ("vllm", "sarathi", "aptserve"), 4.0
+    att = {p: [apt(s, p, rate, cv)["att"] for cv in CVS] for p in pols}
+    falls = all(all(b <= a + 0.01 for a, b in zip(v, v[1:])) for v in att.values())
+    lead = [a / max(v, 1e-3) for a, v in zip(att["aptserve"], att["vllm"])]
+    return Outcome("falls with CV; lead widens, up to 7.5x",
+                   "; ".join(f"{p}: " + " → ".join(f"{100 * v:.0f}%" for v in att[p]) for p in pols) +
+                   f" (CV {CVS}, {rate:g} req/s); Apt-Serve/vLLM " + " → ".join(x(v) for v in lead),
+                   falls and lead[-1] > lead[0], within_ratio(max(lead), 7.5),
+                   note="4 req/s: near where Apt-Serve ≈ Sarathi under Poisson on our cost model (the paper's 3.8)")
+
+
+@register_claim("AS-11", "aptserve", "6.6 (Fig. 10)", "ShareGPT at 6 req/s: Apt-Serve > 90% attainment, FCFS < 30%; "
+                "about 10% of requests starve under the near-zero fallback; decay 0.4 cuts the tail and still beats "
+                "FCFS")
+def as11(s):
+    a, f, d = (apt(s, p, 6.0) for p in ("aptserve", "aptserve-fcfs", "aptserve-decay"))
+    ok = a["att"] > f["att"] and d["att"] > f["att"] and d["ttft_p99"] < a["ttft_p99"]
+    return Outcome("> 90% vs < 30%; ≈10% starve; decay cuts the tail",
+                   f"attainment Apt-Serve {100 * a['att']:.0f}%, FCFS {100 * f['att']:.0f}%, decay "
+                   f"{100 * d['att']:.0f}%; starved (TTFT > 5 s) {100 * a['starved']:.1f}%; TTFT p99 "
+                   f"{a['ttft_p99']:.1f} s → {d['ttft_p99']:.1f} s with decay", ok,
+                   a["att"] > 0.9 and f["att"] < 0.3 and within(a["starved"], 0.10))
+
+
+@register_claim("AS-12", "aptserve", "6.7 (Fig. 11)", "Apt-Serve-S (on Sarathi) beats Apt-Serve, which beats "
+                "Sarathi-Serve")
+def as12(s):
+    e = {p: (eff(s, p, 0.9), eff(s, p, 0.6)) for p in ("aptserve-s", "aptserve", "sarathi")}
+    ok = all(e["aptserve-s"][i] > e["aptserve"][i] > e["sarathi"][i] for i in (0, 1))
+    return Outcome("Apt-Serve-S > Apt-Serve > Sarathi",
+                   "; ".join(f"{p}: {a:.2f} / {b:.2f} req/s" for p, (a, b) in e.items()) + " (90% / 60%)", ok)
+
+
+@register_claim("AS-13", "aptserve", "5, App. A", "The greedy knapsack is a 2-approximation per iteration and near "
+                "optimal in practice", requires=("solver.aptserve_knapsack",))
+def as13(s):
+    n = 150 if s.name == "full" else 40         # sampled knapsacks per run
+    runs = [memo(("aptserve-gap", k, n), lambda k=k: greedy_gap(6.0, k, n)) for k in (150, 200, 300)]
+    mean = float(np.mean([g["opt_over_greedy_mean"] for g in runs]))
+    worst = max(g["opt_over_greedy_max"] for g in runs)
+    exact = float(np.mean([g["exactly_optimal_fraction"] for g in runs]))
+    return Outcome("optimum / greedy ≤ 2, ≈ 1", f"optimum / greedy: mean {mean:.3f}, max {worst:.2f} (per run: "
+                   + ", ".join(f"{g['opt_over_greedy_max']:.2f}" for g in runs) + f"); exactly optimal in "
+                   f"{100 * exact:.0f}% of {sum(g['sampled'] for g in runs)} memory-bound steps", worst <= 2 and mean < 1.1,
+                   note="runs of 150, 200 and 300 requests at 6 req/s; exact solution by DP over the block budget")
+
+
+WHY = {
+    "AS-1": ("our vLLM knee is 1.35x the paper's (3.50 vs 2.6 req/s): the OPT-13B cost model is the Llama-2-7B fit "
+             "scaled by FLOPs and bandwidth, not a measured OPT profile; past the knee our attainment falls faster "
+             "(33% at the equivalent of the paper's 3 req/s)"),
+    "AS-2": ("our vLLM baseline has no max_num_seqs cap (InferMax's vLLM model): its batch is limited by KV memory "
+             "only, which binds later than the paper's 256-sequence limit"),
+    "AS-5": ("at 60% attainment the gaps are within tolerance; at 90% they are smaller (1.17x). Our Sarathi and "
+             "FastGen coincide (same effective throughput at both levels; why was not investigated)"),
+    "AS-9": ("hybrid ≥ KV-only holds at every point (within one request) but the gain does not grow with rate "
+             "(mean +4.7 pp at 3 req/s, +4.0 pp at 6 req/s), and it is larger than the paper's 0–3 pp, likely because "
+             "our OPT-13B cost model charges the hidden-cache K/V rebuild at fitted, not measured, kernel speed"),
+    "AS-11": ("at 6 req/s our Apt-Serve attains 84% (paper > 90%) and the decay-0.4 variant only 34%: decay does cut "
+              "the TTFT tail (p99 112 → 85 s) and still beats FCFS, but keeps far fewer requests within SLO than the "
+              "paper's"),
+    "AS-12": ("our Apt-Serve-S beats Sarathi-Serve (as the paper says) but not Apt-Serve: it runs the running and the"
+              " waiting knapsacks in turn within 512-token mixed iterations (a joint knapsack churned recomputation),"
+              " and under load more of its requests miss the 1 s TTFT than with the vLLM base's whole-prefill "
+              "iterations (a likely cause, not isolated); the paper gives no numbers for Fig. 11 and the spec rates "
+              "this claim 🟡"),
+}
+attach_why(WHY)

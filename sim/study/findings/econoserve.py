@@ -1,0 +1,259 @@
+"""EconoServe (spec econoserve.md §6–8) claims tagged SIM, each a check of direction and magnitude. Setup: the
+benchmark's (benchmarks/econoserve_bench.py, from sim.study.findings.length_aware): ShareGPT-like (M = 24K tokens) and
+Alpaca-like (M = 4K) workloads with the paper's padding / reserve / buffer per dataset, Poisson rates; sustainable
+rate = largest rate whose mean normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: SIM+ and
+REAL claims (DistServe, GPU counts, scheduling-time shares, preemption time, overhead). Ratio magnitudes ("N x better") use
+registry.within_ratio: the excess over 1x for N ≤ 2."""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.study.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, ECONO_SETUPS, econo_scenario, run,
+                                      sustainable_rate)
+from sim.study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
+from sim.study.findings.runs import memo
+
+FULL_NAME = "econoserve"
+VLLM, SARATHI, ORACLE = "vllm (swap)", "sarathi", "econoserve-oracle"
+ABLATIONS = {"econoserve-d": "D (unsynced)", "econoserve-sd (SyncDecoupled)": "SD (FCFS, no pipe)",
+             "econoserve-sdo (no pipelining)": "SDO (no pipe)"}
+DATASETS = ("sharegpt", "alpaca")
+SWEEP_RATE = 8
+
+
+def n_req(s: Scale) -> int:
+    return max(50, int(ECONO_REQUESTS * s.la_fraction))
+
+
+def rates(s: Scale, dataset: str) -> list:
+    return ECONO_SETUPS[dataset][-1][::s.rate_stride]
+
+
+def es(s: Scale, dataset: str, policy: str, rate: float, padding: float | None = None) -> dict:
+    n = n_req(s)
+    return memo(("econoserve", dataset, policy, rate, n, padding),
+                lambda: run(econo_scenario(dataset, policy, rate, n, padding)))
+
+
+def curve(s, dataset, policy, key="normalized_latency_s"):
+    return [es(s, dataset, policy, r)[key] for r in rates(s, dataset)]
+
+
+def sustainable(s, dataset, policy) -> float:
+    thr = 4 * curve(s, dataset, VLLM)[0]
+    return sustainable_rate(rates(s, dataset), curve(s, dataset, policy), thr)
+
+
+def mean_over(s, policy, key, datasets=DATASETS) -> float:
+    return float(np.mean([v for d in datasets for v in curve(s, d, policy, key)]))
+
+
+def x(v):
+    return f"{v:.2f}x"
+
+
+def pct(v):
+    return f"{100 * v:+.0f}%"
+
+
+@register_claim("ES-1", "econoserve", "1, 5 (Fig. 9)", "Up to 4x the sustainable request rate of vLLM at similar "
+                "normalized latency (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)")
+def es1(s):
+    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, VLLM), 1e-9) for d in DATASETS}
+    return Outcome("up to 4x (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
+                   all(v > 1 for v in r.values()), within_ratio(max(r.values()), 4.0),
+                   note="vLLM with swap preemption; Llama-2-7B / A100 linear cost model (the paper: OPT-13B and "
+                        "others)")
+
+
+@register_claim("ES-2", "econoserve", "5 (Fig. 9)", "Sustainable rate vs Sarathi-Serve: ShareGPT 1.25–2.25x, Alpaca "
+                "1.2–1.24x")
+def es2(s):
+    paper = {"sharegpt": 1.75, "alpaca": 1.22}
+    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, SARATHI), 1e-9) for d in DATASETS}
+    return Outcome("ShareGPT 1.25–2.25x, Alpaca 1.2–1.24x", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
+                   all(v > 1 for v in r.values()), all(within_ratio(r[d], paper[d]) for d in DATASETS),
+                   note="magnitude against the middle of each range")
+
+
+@register_claim("ES-3", "econoserve", "5 (Fig. 9)", "The advantage over vLLM is smallest on Alpaca: short sequences "
+                "let many requests batch anyway")
+def es3(s):
+    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, VLLM), 1e-9) for d in DATASETS}
+    return Outcome("Alpaca gain < ShareGPT gain", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
+                   r["alpaca"] < r["sharegpt"])
+
+
+@register_claim("ES-4", "econoserve", "1", "Up to 91% lower JCT than vLLM")
+def es4(s):
+    red = {d: max(1 - a / b for a, b in zip(curve(s, d, FULL_NAME, "jct_mean_s"), curve(s, d, VLLM, "jct_mean_s")))
+           for d in DATASETS}
+    best = max(red.values())
+    return Outcome("up to −91%", ", ".join(f"{d}: up to {pct(-v)}" for d, v in red.items()) + " (max over rates)",
+                   best > 0, within(best, 0.91))
+
+
+@register_claim("ES-5", "econoserve", "5 (Fig. 10)", "SSR (JCT-SLO satisfaction) higher than vLLM (+83%) and "
+                "Sarathi-Serve (+42%), averaged over datasets")
+def es5(s):
+    e = mean_over(s, FULL_NAME, "ssr")
+    rv, rs = e / mean_over(s, VLLM, "ssr") - 1, e / mean_over(s, SARATHI, "ssr") - 1
+    return Outcome("+83% vs vLLM, +42% vs Sarathi", f"SSR {100 * e:.0f}%: {pct(rv)} vs vLLM, {pct(rs)} vs Sarathi "
+                   "(mean over datasets and rates)", rv > 0 and rs > 0, within(rv, 0.83) and within(rs, 0.42))
+
+
+@register_claim("ES-6", "econoserve", "5 (Fig. 10)", "EconoServe's SSR is only 2–4% below the Oracle's (true lengths)")
+def es6(s):
+    e, o = mean_over(s, FULL_NAME, "ssr"), mean_over(s, ORACLE, "ssr")
+    gap = 1 - e / o
+    return Outcome("2–4% below Oracle", f"{100 * gap:.1f}% below (SSR {100 * e:.1f}% vs {100 * o:.1f}%)",
+                   gap >= 0, within(gap, 0.03))
+
+
+@register_claim("ES-7", "econoserve", "5 (Fig. 11)", "Higher KV-cache utilization on ShareGPT than vLLM (+27%) and "
+                "Sarathi-Serve (+18%)")
+def es7(s):
+    key, d = "kv_written_util", ("sharegpt",)
+    e = mean_over(s, FULL_NAME, key, d)
+    rv, rs = e / mean_over(s, VLLM, key, d) - 1, e / mean_over(s, SARATHI, key, d) - 1
+    return Outcome("+27% vs vLLM, +18% vs Sarathi", f"written KV / capacity {100 * e:.0f}%: {pct(rv)} vs vLLM, "
+                   f"{pct(rs)} vs Sarathi (mean over rates)", rv > 0 and rs > 0, within(rv, 0.27) and within(rs, 0.18),
+                   note="utilization = KV actually written, sampled every 10 iterations")
+
+
+@register_claim("ES-8", "econoserve", "5.6", "GT queueing does not greatly increase TBT (EconoServe mean 0.141 s)")
+def es8(s):
+    d = ("sharegpt",)
+    e, v = mean_over(s, FULL_NAME, "tpot_mean_s", d), mean_over(s, VLLM, "tpot_mean_s", d)
+    return Outcome("mean TBT 0.141 s, not much above the baselines'", f"mean TPOT {1e3 * e:.0f} ms vs vLLM "
+                   f"{1e3 * v:.0f} ms ({x(e / v)})", e <= 1.25 * v, within(e, 0.141),
+                   note="'not greatly' read as ≤ 1.25x vLLM's; the absolute value depends on model and GPU")
+
+
+@register_claim("ES-9", "econoserve", "2 (Fig. 1d)", "KV allocation failures: vLLM 74% of requests, Sarathi-Serve 67%; "
+                "exact allocation avoids them")
+def es9(s):
+    f = {p: mean_over(s, p, "alloc_failure_pct") / 100 for p in (VLLM, SARATHI, FULL_NAME)}
+    return Outcome("vLLM 74% > Sarathi 67% > exact allocation", ", ".join(f"{p}: {100 * v:.0f}%" for p, v in f.items()),
+                   f[VLLM] > f[SARATHI] > f[FULL_NAME], within(f[VLLM], 0.74) and within(f[SARATHI], 0.67),
+                   note="failure = a request that was preempted (evicted or swapped) or failed an allocation")
+
+
+TIE = 0.02
+
+
+@register_claim("ES-10", "econoserve", "2 (Fig. 1)", "vLLM vs Sarathi-Serve: +20% KV utilization, −41% throughput, "
+                "−27% forward size, +29% JCT")
+def es10(s):
+    keys = {"kv_written_util": 0.20, "throughput_rps": -0.41, "forward_size_mean": -0.27, "jct_mean_s": 0.29}
+    ch = {k: float(np.mean([es(s, d, VLLM, rates(s, d)[-1])[k] / es(s, d, SARATHI, rates(s, d)[-1])[k] - 1
+                            for d in DATASETS])) for k in keys}
+    # A change under 2% is a tie, not a direction: its sign flips with small model changes.
+    return Outcome("+20% / −41% / −27% / +29%", ", ".join(f"{k}: {pct(v)}" for k, v in ch.items()) +
+                   " (at each dataset's highest rate, averaged)",
+                   all(np.sign(ch[k]) == np.sign(p) and abs(ch[k]) >= TIE for k, p in keys.items()),
+                   all(within(ch[k], p) for k, p in keys.items()),
+                   note=f"a change under {TIE:.0%} counts as a tie (no direction).")
+
+
+for _id, _sec, _st, _why in (
+        ("ES-11", "2 (Fig. 1)", "SRTF, ORCA and FastServe fall below vLLM on throughput, KV utilization, forward size "
+         "and JCT (max-length allocation limits the batch)", "SRTF and FastServe baselines are not implemented"),
+        ("ES-12", "2 (Fig. 1)", "MultiRes (exact allocation): no allocation failures, +10% throughput and JCT 42.63% "
+         "lower than vLLM", "the MultiRes baseline is not implemented"),
+        ("ES-13", "2 (Figs. 2–3)", "SyncDecoupled vs SyncCoupled: 1.31x throughput, −35% JCT; Synced-Decoupled has "
+         "low scheduling time and high utilization", "no SyncCoupled variant; scheduling time is not charged"),
+        ("ES-14", "2 (Fig. 1)", "BookCorpus: lower throughput, higher KV utilization, more allocation failures",
+         "the benchmark has no BookCorpus setup (M, rates) yet; the workload exists"),
+        ("ES-15", "2 (Figs. 1f, 6)", "GT domination: few requests complete per iteration, so few PTs join; preempted "
+         "GTs hold more KV than new GTs", "the per-iteration completion and per-queue KV traces are not collected")):
+    register_claim(_id, "econoserve", _sec, _st)(lambda s, _w=_why: not_modelled("see statement", _w))
+
+
+@register_claim("ES-16", "econoserve", "2 (Figs. 4–5)", "Padding sweep (SyncDecoupled): JCT is U-shaped in the padding "
+                "ratio, the share of under-provisioned requests falls; ShareGPT sweet spot 15%")
+def es16(s):
+    pol = "econoserve-sd (SyncDecoupled)"
+    rows = [es(s, "sharegpt", pol, SWEEP_RATE, p) for p in ECONO_PADDINGS]
+    jct = [r["jct_mean_s"] for r in rows]
+    under = [r["provisioning"]["under_provisioned_requests_pct"] for r in rows]
+    k = int(np.argmin(jct))
+    ok = 0 < k < len(jct) - 1 and all(b <= a + 1 for a, b in zip(under, under[1:]))
+    return Outcome("U-shaped JCT, minimum at 15%", f"JCT over padding {ECONO_PADDINGS}: " +
+                   ", ".join(f"{v:.2f}" for v in jct) + f" s (minimum at {ECONO_PADDINGS[k]:.0%}); under-provisioned "
+                   "requests " + ", ".join(f"{v:.0f}%" for v in under), ok, within(ECONO_PADDINGS[k], 0.15),
+                   note=f"ShareGPT, {SWEEP_RATE} req/s")
+
+
+@register_claim("ES-17", "econoserve", "2 (Fig. 5a)", "At the ShareGPT sweet spot (15% padding) over-provisioning is "
+                "5.62% and under-provisioning 13.42% of allocated KV")
+def es17(s):
+    pv = es(s, "sharegpt", "econoserve-sd (SyncDecoupled)", SWEEP_RATE, 0.15)["provisioning"]
+    o, u = pv["over_provision_pct"] / 100, pv["under_provision_pct"] / 100
+    return Outcome("5.62% over, 13.42% under", f"{100 * o:.2f}% over, {100 * u:.2f}% under", o > 0 and u > 0,
+                   within(o, 0.0562) and within(u, 0.1342),
+                   note="a calibration check: the lognormal predictor is fitted to these two numbers")
+
+
+@register_claim("ES-18", "econoserve", "5 (Fig. 13)", "Ablation: EconoServe-D, -SD and -SDO all do worse than "
+                "EconoServe; KV pipelining and decoupling are the largest contributors")
+def es18(s):
+    full = {d: sustainable(s, d, FULL_NAME) for d in DATASETS}
+    loss = {v: float(np.mean([1 - sustainable(s, d, v) / full[d] for d in DATASETS])) for v in ABLATIONS}
+    ssr = {v: mean_over(s, v, "ssr") for v in ABLATIONS}
+    e_ssr = mean_over(s, FULL_NAME, "ssr")
+    ok = all(v > 0 for v in loss.values()) and all(v <= e_ssr for v in ssr.values())
+    return Outcome("all below EconoServe (JCT +7–29%, SSR −16–21%)",
+                   "sustainable-rate loss " + ", ".join(f"{ABLATIONS[v]}: {pct(-l)}" for v, l in loss.items()) +
+                   f"; SSR {100 * e_ssr:.0f}% vs " + ", ".join(f"{100 * v:.0f}%" for v in ssr.values()), ok,
+                   note="the paper's per-component numbers are internally inconsistent (spec §9): direction only")
+
+
+@register_claim("ES-19", "econoserve", "2 (Fig. 2)", "Same-length GT groups exist: 59% (ShareGPT) / 61% (Alpaca) of "
+                "groups have ≥ 4 requests, 23% / 20% have ≥ 12")
+def es19(s):
+    paper = {"sharegpt": (0.59, 0.23), "alpaca": (0.61, 0.20)}
+    g = {d: tuple(float(np.mean([es(s, d, FULL_NAME, r)["policy_stats"].get(k, 0) for r in rates(s, d)]))
+                  for k in ("group_size_ge4", "group_size_ge12")) for d in DATASETS}
+    return Outcome("≥ 4: 59% / 61%; ≥ 12: 23% / 20%", "; ".join(f"{d}: ≥ 4 {100 * a:.0f}%, ≥ 12 {100 * b:.0f}%"
+                                                              for d, (a, b) in g.items()),
+                   all(a > 0 for a, _ in g.values()),
+                   all(within(g[d][0], paper[d][0]) and within(g[d][1], paper[d][1]) for d in DATASETS),
+                   note="EconoServe's groups (padded predicted length rounded to rl_group_granularity), mean over "
+                        "rates; the paper measures SyncCoupled groups (spec: depends on the grouping granularity)")
+
+
+WHY = {
+    "ES-1": ("direction holds on both datasets but the gains are 1.07x / 1.32x, not 2.5–4x: our baselines (vLLM with "
+             "swap, Sarathi) lose less to KV allocation failures than the paper's (21% / 15% of requests preempted, "
+             "not 74% / 67%: ES-9)"),
+    "ES-2": ("as ES-1: direction holds, the ShareGPT gain over Sarathi is 1.07x (paper 1.25–2.25x)"),
+    "ES-3": ("our Alpaca setup (M = 4K tokens) is more memory-bound than ShareGPT at M = 24K, so exact padded "
+             "allocation helps more there; the paper's KV size per dataset (12 GB for all) maps to different token "
+             "budgets than ours"),
+    "ES-4": ("EconoServe's mean JCT is higher than vLLM's on ShareGPT at every rate and lower only on Alpaca (−14% at"
+             " best): synced admission costs latency at low load, and the simulator charges no scheduling time (the "
+             "cost synced batching saves in the paper)"),
+    "ES-5": ("as ES-1: our baselines already meet most JCT SLOs (SSR 76–80%), so EconoServe's +8% / +2% is far from "
+             "+83% / +42%"),
+    "ES-6": ("not investigated; with true lengths EconoServe's SSR is within about 1% of the predicted-length run, "
+             "either side: the fitted predictor's padding already absorbs most of the error, and SLO ordering uses "
+             "the same buckets"),
+    "ES-7": ("we count KV actually written (sampled every 10 iterations); EconoServe reserves padded predicted "
+             "lengths and keeps GT prompts resident while they queue, and at the same offered rate it admits fewer "
+             "requests at once than vLLM, so its written share is lower; the paper's utilization definition is not "
+             "given precisely (mechanism not isolated)"),
+    "ES-8": ("the absolute TBT depends on model and GPU (Llama-2-7B on an A100 here, OPT-13B and larger in the paper)"),
+    "ES-9": ("the ordering holds, but far fewer of our requests are preempted (vLLM 21%, Sarathi 15%): the share "
+             "depends on the KV budget relative to the load, and the paper's per-dataset KV sizes in tokens are not "
+             "stated"),
+    "ES-10": ("our vLLM swaps on preemption and its forward size is smaller, as the paper says, but its throughput is"
+              " only slightly lower and its KV utilization about equal: Sarathi's 512-token chunks are not limited by"
+              " KV here because the linear cost model's knee is near that size (a likely cause, not isolated)"),
+    "ES-16": ("the share of under-provisioned requests falls with padding as in the paper, but our JCT is flat to "
+              "rising from 0% padding: the simulator charges no scheduling time, so the cost of re-admitting under-"
+              "provisioned GTs (the paper's 'processing time' side of the U) is likely small (not isolated)"),
+    "ES-19": ("EconoServe admits a group as soon as one completes, so most of our groups hold 1–3 requests; the paper"
+              " measures SyncCoupled groups, and the spec notes the shares depend on the grouping granularity"),
+}
+attach_why(WHY)

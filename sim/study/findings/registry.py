@@ -1,0 +1,158 @@
+"""The claim registry: each paper claim is a function of a Scale returning paper value, our value and a verdict."""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "direction only", "not reproduced", "not run"
+MAGNITUDE_TOLERANCE = 0.5   # spec §6 advice: magnitudes are soft targets, a ratio within ±50% of the paper's
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big the experiments are. `full` is the paper's setup; `quick` shrinks B and M together so the
+    contention B·(I+O)/M, which drives evictions, stays the same."""
+    name: str
+    B: int
+    m_factor: float
+    I_grid: tuple
+    O_grid: tuple
+    M_sweep_I: tuple          # prompt sizes for the M sweep (Figure 9)
+    rank_B: int               # requests per heterogeneous workload (Figures 15–17), with M scaled to match
+    msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
+    csp_small_I: tuple = (1, 4, 16, 64)       # §4.5 CSP grid (B = O = 4): prompts where evicting should pay
+    csp_large_I: tuple = (128, 512, 1024)     # ... and where it should not
+    csp_time_limit_s: float = 20.0            # per MILP solve (HiGHS, one thread)
+    # Apt-Serve / BROS / EconoServe / ALISE (online workloads; full = the benchmark scripts' setups)
+    slo_requests: int = 500   # Apt-Serve: ShareGPT-like requests per run
+    capacity_tol: float = 0.04  # Apt-Serve: relative tolerance of the effective-throughput (capacity) search
+    bros_rt: int = 200        # BROS: RT requests per run (BE batches arrive while the RT stream lasts)
+    la_fraction: float = 1.0  # EconoServe / ALISE: fraction of the benchmarks' request counts per run
+    rate_stride: int = 1      # EconoServe / ALISE: every k-th rate of the benchmarks' rate grids
+
+    @property
+    def M(self) -> int:
+        return int(100_000 * self.m_factor)
+
+    @property
+    def rank_M(self) -> int:
+        """M for the heterogeneous workloads: 100K scaled by rank_B/1024, keeping the paper's contention."""
+        return int(100_000 * self.rank_B / 1024)
+
+
+FULL = Scale("full", B=1024, m_factor=1.0, I_grid=(1, 16, 128, 512, 1024), O_grid=(1, 32, 1024),
+             M_sweep_I=(1, 16, 64), rank_B=256)
+QUICK = Scale("quick", B=128, m_factor=0.125, I_grid=(16, 128, 1024), O_grid=(1, 32, 1024),
+              M_sweep_I=(16,), rank_B=32, csp_small_I=(1, 4), csp_large_I=(512, 1024), csp_time_limit_s=4.0,
+              slo_requests=150, capacity_tol=0.15, bros_rt=100, la_fraction=0.5, rate_stride=2)
+
+
+@dataclass
+class Outcome:
+    """What one claim check found. direction/magnitude are None when not checked (no paper number, not run)."""
+    paper: str
+    ours: str
+    direction: bool | None
+    magnitude: bool | None = None
+    note: str = ""
+
+    def __post_init__(self):
+        # numpy comparisons give numpy.bool_, which `is False` would not recognise
+        self.direction = None if self.direction is None else bool(self.direction)
+        self.magnitude = None if self.magnitude is None else bool(self.magnitude)
+
+    @property
+    def verdict(self) -> str:
+        if self.direction is None:
+            return NOT_RUN
+        if not self.direction:
+            return NOT_REPRODUCED
+        return DIRECTION_ONLY if self.magnitude is False else REPRODUCED
+
+
+@dataclass
+class Claim:
+    id: str
+    paper: str                # which seed paper (infermax, aptserve, ...)
+    section: str
+    statement: str
+    check: Callable           # check(scale) -> Outcome
+    quick: bool = True        # part of `reproduce --quick` and the fast CI subset
+    requires: tuple = ()      # importable modules the check needs (e.g. the solver); missing → not run
+    figure: str | None = None  # name of the figure (sim.study.findings.figures) that shows the data behind it
+    why: str = ""             # our explanation, shown when the direction or the magnitude disagrees
+
+
+@dataclass
+class Result:
+    claim: Claim
+    outcome: Outcome
+    scale: str
+    wall_s: float = 0.0
+
+
+CLAIMS: dict[str, Claim] = {}
+# Modules that register claims; a new seed paper adds its module here.
+CLAIM_MODULES = ["sim.study.findings.infermax", "sim.study.findings.aptserve", "sim.study.findings.bros", "sim.study.findings.econoserve",
+                 "sim.study.findings.alise"]
+
+
+def register_claim(id: str, paper: str, section: str, statement: str, *, quick: bool = True,
+                   requires: tuple = (), figure: str | None = None, why: str = ""):
+    def deco(fn):
+        CLAIMS[id] = Claim(id, paper, section, statement, fn, quick, tuple(requires), figure, why)
+        return fn
+    return deco
+
+
+def attach_why(whys: dict) -> None:
+    """Set the `why` of registered claims (id → our explanation of a disagreement)."""
+    for cid, why in whys.items():
+        CLAIMS[cid].why = why
+
+
+def load_claims() -> dict[str, Claim]:
+    for mod in CLAIM_MODULES:
+        importlib.import_module(mod)
+    return CLAIMS
+
+
+def missing_requirement(claim: Claim) -> str | None:
+    for mod in claim.requires:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            return mod
+    return None
+
+
+def evaluate(claim: Claim, scale: Scale) -> Result:
+    t0 = time.perf_counter()
+    missing = missing_requirement(claim)
+    if missing:
+        out = Outcome("see statement", "-", None, None, f"needs `{missing}`, which is not available in this build")
+    else:
+        out = claim.check(scale)
+        if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY):
+            out.note = f"{out.note} Why: {claim.why}" if out.note else f"Why: {claim.why}"
+    return Result(claim, out, scale.name, time.perf_counter() - t0)
+
+
+def not_modelled(paper: str, reason: str) -> Outcome:
+    """A claim the simulator cannot check (a dataset, baseline or component it lacks): verdict *not run*."""
+    return Outcome(paper, "-", None, None, f"not modelled: {reason}")
+
+
+def within_ratio(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
+    """Magnitude agreement for an 'N x better' claim: for N ≤ 2 the excess over 1x is compared (a ±50% band around
+    the ratio itself would then accept 1x, i.e. no effect); above 2x the ratio itself."""
+    return within(ours - 1, paper - 1, tol) if paper <= 2 else within(ours, paper, tol)
+
+
+def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
+    """Magnitude agreement: our number within ±tol (relative) of the paper's."""
+    if paper == 0:
+        return bool(abs(ours) <= tol)
+    return bool(abs(ours / paper - 1.0) <= tol)

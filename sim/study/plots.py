@@ -1,0 +1,306 @@
+"""Plots of sweep, capacity and run tables: metric vs any axis, SLO attainment with capacity, CDFs, run timelines,
+and a solver schedule as a Gantt chart."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from costmodels.errors import UserError
+
+FORMATS = ("png", "svg")
+
+
+def pyplot():
+    """matplotlib.pyplot, on the file-only Agg backend unless pyplot was already imported: a notebook has chosen
+    its inline backend by then, and switching it would stop the notebook's own figures from showing."""
+    import sys
+
+    import matplotlib
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, stem, formats=FORMATS) -> list:
+    """Write `stem.png` and `stem.svg` (or the given formats); returns the paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        p = stem.parent / f"{stem.name}.{fmt}"          # not with_suffix: names may contain dots
+        fig.savefig(p, dpi=130, bbox_inches="tight")
+        paths.append(p)
+    pyplot().close(fig)
+    return paths
+
+
+# -- reading tables -----------------------------------------------------------------------------------------------
+def read_table(path) -> pd.DataFrame:
+    path = Path(path)
+    if path.is_dir():
+        for name in ("results.csv", "evaluations.csv", "requests.csv"):
+            if (path / name).exists():
+                path = path / name
+                break
+    if not path.exists():
+        raise UserError(f"{path}: no such table (give a results.csv, a sweep/capacity directory, or a run directory)")
+    return pd.read_csv(path)
+
+
+def sweep_axes(results_path) -> list:
+    """The grid axes of a sweep, from the sweep.yaml written beside its results.csv (empty if absent)."""
+    p = Path(results_path)
+    manifest = (p if p.is_dir() else p.parent) / "sweep.yaml"
+    if not manifest.exists():
+        return []
+    return list((yaml.safe_load(manifest.read_text()) or {}).get("grid", {}))
+
+
+def apply_where(df: pd.DataFrame, where) -> pd.DataFrame:
+    """Keep rows where each `col=value` holds (values compared as text, so 1000 matches 1000.0 only if written so)."""
+    for cond in where or ():
+        if "=" not in cond:
+            raise UserError(f"--where {cond!r}: expected COLUMN=VALUE")
+        col, val = cond.split("=", 1)
+        _need_columns(df, [col], "--where")
+        keep = df[col].astype(str) == val
+        if not keep.any():
+            try:
+                keep = np.isclose(pd.to_numeric(df[col], errors="coerce"), float(val))
+            except ValueError:
+                pass
+        df = df[keep]
+    if df.empty:
+        raise UserError(f"--where {' '.join(where)}: no rows left")
+    return df
+
+
+def _need_columns(df, cols, what):
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise UserError(f"{what}: no column(s) {', '.join(missing)}; have: {', '.join(map(str, df.columns))}")
+
+
+def _label(keys, values) -> str:
+    values = values if isinstance(values, tuple) else (values,)
+    return ", ".join(f"{v}" if k == "policy" else f"{k}={v}" for k, v in zip(keys, values))
+
+
+# -- metric vs an axis ----------------------------------------------------------------------------------------------
+def plot_metric(df: pd.DataFrame, x: str, y: str, hue=("policy",), ax=None, logx=False, logy=False):
+    """One line per hue combination: the mean over seeds, with a band from the min to the max seed."""
+    plt = pyplot()
+    hue = [h for h in hue if h != x]
+    _need_columns(df, [x, y, *hue], "plot")
+    if "status" in df:
+        df = df[df["status"] == "ok"]
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+    groups = df.groupby(hue, sort=False) if hue else [((), df)]
+    for key, g in groups:
+        stats = g.groupby(x)[y].agg(["mean", "min", "max", "count"]).sort_index()
+        line, = ax.plot(stats.index, stats["mean"], marker="o", ms=3, label=_label(hue, key) if hue else y)
+        if (stats["count"] > 1).any():
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if hue:
+        ax.legend(fontsize=7)
+    return fig or ax.figure
+
+
+def plot_attainment(df: pd.DataFrame, x: str, y: str = "slo_attainment", capacity: pd.DataFrame | None = None,
+                    target: float | None = None, hue=("policy",)):
+    """SLO attainment vs rate per policy (seed bands), the target as a dashed line, each capacity point marked."""
+    fig = plot_metric(df, x, y, hue=hue)
+    ax = fig.axes[0]
+    colors = {t.get_text(): h.get_color() for h, t in zip(ax.get_legend().legend_handles, ax.get_legend().texts)} \
+        if ax.get_legend() else {}
+    if target is None and capacity is not None and "target_attainment" in capacity:
+        target = float(capacity["target_attainment"].iloc[0])
+    if target is not None:
+        ax.axhline(target, ls="--", color="gray", lw=1, label=f"target {target:g}")
+    if capacity is not None:
+        _need_columns(capacity, ["policy", "capacity_rps"], "capacity table")
+        for pol, g in capacity.groupby("policy", sort=False):
+            c = float(g["capacity_rps"].mean())
+            ax.axvline(c, color=colors.get(str(pol), "k"), ls=":", lw=1)
+            ax.plot([c], [target if target is not None else y_at(df, x, y, pol, c)], marker="*", ms=12,
+                    color=colors.get(str(pol), "k"), zorder=5)
+            ax.annotate(f"{c:.3g}", (c, target or 0), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def y_at(df, x, y, pol, xv) -> float:
+    g = df[df["policy"] == pol].groupby(x)[y].mean().sort_index()
+    return float(np.interp(xv, g.index.to_numpy(float), g.to_numpy(float)))
+
+
+# -- distributions and timelines -------------------------------------------------------------------------------------
+def plot_cdfs(tables: dict, metrics=("ttft_s", "tbt_p99_s", "e2e_s")):
+    """Empirical CDFs, one panel per metric, one line per run (finished requests only)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        for label, req in tables.items():
+            _need_columns(req, [m], f"cdf of {label}")
+            v = np.sort(req[m].dropna().to_numpy(float))
+            if len(v):
+                ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
+        ax.set_xlabel(m)
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    return fig
+
+
+def plot_timeline(iters: pd.DataFrame, capacity_tokens: int | None = None, title: str = ""):
+    """One run over time: batch size, running size, KV use, cumulative evictions/preemptions."""
+    plt = pyplot()
+    _need_columns(iters, ["start_s", "batch_size", "running", "kv_alloc_tokens", "preemptions"], "timeline")
+    t = iters["start_s"].to_numpy(float)
+    fig, axes = plt.subplots(4, 1, figsize=(7, 7.5), sharex=True)
+    axes[0].plot(t, iters["batch_size"], lw=0.8)
+    axes[0].set_ylabel("batch size")
+    axes[1].plot(t, iters["running"], lw=0.8, label="running")
+    if "waiting" in iters:
+        axes[1].plot(t, iters["waiting"], lw=0.8, label="waiting")
+        axes[1].legend(fontsize=7)
+    axes[1].set_ylabel("requests")
+    kv = iters["kv_alloc_tokens"].to_numpy(float)
+    if capacity_tokens:
+        axes[2].plot(t, kv / capacity_tokens, lw=0.8)
+        axes[2].set_ylabel("KV used / M")
+    else:
+        axes[2].plot(t, kv, lw=0.8)
+        axes[2].set_ylabel("KV tokens")
+    axes[3].plot(t, np.cumsum(iters["preemptions"].to_numpy()), lw=0.8)
+    axes[3].set_ylabel("preemptions (cum.)")
+    axes[3].set_xlabel("time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if title:
+        axes[0].set_title(title)
+    return fig
+
+
+def capacity_from_summary(run_dir: Path, iters: pd.DataFrame) -> int | None:
+    """M recovered from a run's summary.csv (kv_util_max = max KV allocated / M), when the run dir has one."""
+    p = run_dir / "summary.csv" if run_dir.is_dir() else None
+    if p is None or not p.exists():
+        return None
+    s = pd.read_csv(p)
+    util = float(s["kv_util_max"].iloc[0]) if "kv_util_max" in s else float("nan")
+    peak = float(iters["kv_alloc_tokens"].max()) if len(iters) else 0.0
+    return int(round(peak / util)) if util > 0 and peak > 0 else None
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------------
+def _csv_list(text):
+    return [s for s in (text or "").split(",") if s]
+
+
+def cmd_plot(args) -> int:
+    kind = args.kind
+    if kind in ("metric", "attainment"):
+        if len(args.inputs) != 1:
+            raise UserError(f"plot {kind}: give one results table (results.csv, a sweep or capacity directory)")
+        df = apply_where(read_table(args.inputs[0]), args.where)
+        if "rate" in df.columns and args.x == "workload.rate" and "workload.rate" not in df.columns:
+            df = df.rename(columns={"rate": "workload.rate"})   # a capacity evaluations.csv
+        hue = _csv_list(args.hue) if args.hue else ["policy"] + [a for a in sweep_axes(args.inputs[0])
+                                                                  if a not in (args.x, "seed", "policy.name")
+                                                                  and df.get(a, pd.Series()).nunique() > 1]
+        if kind == "metric":
+            fig = plot_metric(df, args.x, args.y or "tps", hue=hue, logx=args.logx, logy=args.logy)
+        else:
+            cap = None
+            if args.capacity:
+                cap = read_table(Path(args.capacity) / "capacity.csv" if Path(args.capacity).is_dir()
+                                 else args.capacity)
+            fig = plot_attainment(df, args.x, args.y or "slo_attainment", capacity=cap, target=args.target, hue=hue)
+            if args.logx:
+                fig.axes[0].set_xscale("log")
+        default = Path(args.inputs[0]) if Path(args.inputs[0]).is_dir() else Path(args.inputs[0]).parent
+        what = (args.y or "tps") if kind == "metric" else "slo"
+        stem = args.out or default / f"{kind}_{what}_vs_{args.x.replace('.', '_')}"
+    elif kind == "cdf":
+        tables = {}
+        for d in args.inputs:
+            p = Path(d)
+            req = read_table(p / "requests.csv" if p.is_dir() else p)
+            tables[p.name if p.is_dir() else p.stem] = apply_where(req, args.where) if args.where else req
+        fig = plot_cdfs(tables, _csv_list(args.metrics))
+        stem = args.out or Path(args.inputs[0]) / "cdf"
+    elif kind == "timeline":
+        if len(args.inputs) != 1:
+            raise UserError("plot timeline: give one run directory (written by `servesim run --out DIR`)")
+        p = Path(args.inputs[0])
+        iters = read_table(p / "iterations.csv" if p.is_dir() else p)
+        fig = plot_timeline(iters, args.capacity_tokens or capacity_from_summary(p, iters), title=p.name)
+        stem = args.out or (p if p.is_dir() else p.parent) / "timeline"
+    else:  # pragma: no cover - argparse restricts kind
+        raise UserError(f"plot: unknown kind {kind!r}")
+    paths = save_figure(fig, stem, _csv_list(args.formats))
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plot", help="plots (PNG + SVG) of sweep, capacity and run tables",
+                       description="metric: a metric vs any axis, one line per policy, seed bands. attainment: SLO "
+                                   "attainment vs rate with the capacity point. cdf: TTFT/TBT/e2e CDFs of runs. "
+                                   "timeline: one run's batch size, running size, KV use and evictions over time.")
+    p.add_argument("kind", choices=("metric", "attainment", "cdf", "timeline"))
+    p.add_argument("inputs", nargs="+", help="results.csv / sweep or capacity dir (metric, attainment); run dirs "
+                                             "with requests.csv (cdf) or iterations.csv (timeline)")
+    p.add_argument("--x", default="workload.rate", help="x axis column (default workload.rate)")
+    p.add_argument("--y", help="metric column (default: tps for metric, slo_attainment for attainment)")
+    p.add_argument("--hue", help="comma list of columns, one line per combination (default policy + varying axes)")
+    p.add_argument("--where", action="append", default=[], metavar="COL=VALUE", help="keep only matching rows")
+    p.add_argument("--capacity", help="capacity.csv (or its directory) to mark capacity points on an attainment plot")
+    p.add_argument("--target", type=float, help="attainment target line")
+    p.add_argument("--metrics", default="ttft_s,tbt_p99_s,e2e_s", help="cdf panels (request-table columns)")
+    p.add_argument("--capacity-tokens", type=int, help="timeline: M, to show KV use as a fraction")
+    p.add_argument("--logx", action="store_true")
+    p.add_argument("--logy", action="store_true")
+    p.add_argument("--formats", default="png,svg", help="comma list of file formats (default png,svg)")
+    p.add_argument("--out", help="output path without extension")
+    p.set_defaults(func=cmd_plot)
+
+
+def plot_gantt(res, inst, path) -> None:
+    """An optimal schedule (solver result `res` on instance `inst`) as a Gantt chart: one row per request, one bar per batch it is in: prefill/refill chunks, decode steps, and evictions."""
+    plt = pyplot()
+    traj = res.trajectory
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.45 * inst.n))
+    for j, step in enumerate(res.schedule.steps, start=1):
+        t0, dt = traj.start_ms[j - 1], traj.batch_ms[j - 1]
+        for i, c in step.tokens.items():
+            decode = traj.values[("d", i, j)] == 1
+            ax.barh(i, dt, left=t0, color="tab:blue" if decode else "tab:orange", edgecolor="white", linewidth=0.5)
+            if not decode:
+                ax.text(t0 + dt / 2, i, str(c), ha="center", va="center", fontsize=7)
+        for i in step.evict:
+            ax.plot(t0, i, marker="x", color="tab:red", markersize=9)
+    ax.set_yticks(range(inst.n))
+    ax.set_yticklabels([f"r{i} (I={inst.prompt[i]}, O={inst.output[i]})" for i in range(inst.n)])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(f"{res.status} {res.objective} = {res.incumbent_s * 1e3:.3f} ms "
+                 f"(orange: prefill/refill tokens, blue: decode, x: eviction)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
