@@ -78,6 +78,12 @@ class Policy:
         BROS's bidirectional blocks). Policies never build managers themselves, so they never import sim."""
         return None
 
+    def prefix_caching_default(self) -> bool:
+        """Does the engine this policy models turn automatic prefix caching on by default (vLLM v1 does)? The
+        scenario's memory.prefix_caching overrides it. A policy that sizes waiting requests' chunks calls
+        view.lookup_prefix(req) first to benefit; one that does not still runs correctly, without hits."""
+        return bool(getattr(self.config, "prefix_caching", False))
+
     def schedule(self, view) -> Batch:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -14,7 +14,7 @@ PREEMPTIONS = ("recompute", "swap")
 UNLIMITED = 1 << 40
 
 _NEXT_CAND, _NEXT_GROUP = 0, 1
-_RUNNING, _SWAPPED = "running", "swapped"   # Request.state values (sim.request; policies do not import sim)
+_RUNNING, _SWAPPED, _WAITING = "running", "swapped", "waiting"   # Request.state values (sim.request; policies do not import sim)
 
 
 def _choice(value, allowed, where):
@@ -76,6 +76,7 @@ class UnifiedScheduler(Policy):
         admit_after_preemption: bool = True  # vLLM v1: no waiting admissions on a step that preempted
         static_batching: bool = False       # FasterTransformer: admit only when nothing is running
         peak_admission: bool = False        # LightLLM: admit only if projected peak KV of running ∪ {cand} fits
+        prefix_caching: bool = False        # the modelled engine's default for automatic prefix caching (vLLM v1: on)
 
         def validate(self, where="policy"):
             _choice(self.order, ORDERS, f"{where}.order")
@@ -367,6 +368,8 @@ class UnifiedScheduler(Policy):
         if not holding:
             if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):
                 return _NEXT_GROUP
+            if view.prefix_caching and cand.state == _WAITING:
+                view.lookup_prefix(cand)           # cached full blocks count as computed (vLLM v1)
         # ③ CanAllocate: token budgets
         used = batch.num_tokens
         if is_prefill:
@@ -461,4 +464,4 @@ register_policy("lightllm", UnifiedScheduler, "LightLLM: prefill-first, token-le
 register_policy("vllm-v1", UnifiedScheduler, "vLLM v1: running first, chunked, preempt from the tail (recompute), "
                 "admit waiting only on steps without preemption; C=2048, max_num_seqs=128",
                 order="running_first", hybrid=True, chunked=True, C=2048, P=2048, R_max=128,
-                reservation="incremental", admit_after_preemption=False)
+                reservation="incremental", admit_after_preemption=False, prefix_caching=True)

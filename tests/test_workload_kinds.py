@@ -201,7 +201,7 @@ def test_loader_named_as_kind(shared_data):
 def test_mooncake_roundtrip_through_trace_make(tmp_path, capsys):
     src = tmp_path / "m.jsonl"
     src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
-                   '{"timestamp": 2000, "input_length": 700, "output_length": 6, "hash_ids": [1, 2, 3]}\n')
+                   '{"timestamp": 2000, "input_length": 1100, "output_length": 6, "hash_ids": [1, 2, 3]}\n')
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"kind": "mooncake", "path": str(src), "rate": 1.0}))
     out = tmp_path / "t.csv"
@@ -209,3 +209,13 @@ def test_mooncake_roundtrip_through_trace_make(tmp_path, capsys):
     back = _build({"kind": "trace", "path": str(out)})
     assert [list(h) for h in back["prefix_hashes"]] == [[1, 2], [1, 2, 3]]
     assert back["arrival_s"].tolist() == pytest.approx([0, 2.0])
+    # 512-token blocks named by hash id: the second prompt shares its first 1,024 tokens with the first's 600
+    assert list(back["prefix"][1]) == [(("h", 1), 512), (("h", 2), 512), (("h", 3), 76)]
+    assert list(back["prefix"][0]) == [(("h", 1), 512), (("h", 2), 88)]
+
+
+def test_mooncake_more_hash_ids_than_blocks_is_one_line(tmp_path):
+    src = tmp_path / "m.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 700, "output_length": 6, "hash_ids": [1, 2, 3]}\n')
+    with pytest.raises(UserError, match="row 0: 3 hash ids of 512-token blocks for a prompt of 700 tokens"):
+        _build({"kind": "mooncake", "path": str(src)})

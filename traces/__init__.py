@@ -6,3 +6,4 @@ from traces import llm_datasets as _llm_datasets  # noqa: F401  (registers econo
 
 __all__ = ["WORKLOADS", "register_workload", "build_workload", "REQUEST_COLUMNS"]
 from traces import aptbros as _aptbros  # noqa: F401,E402  (registers aptserve-sharegpt / bros-mix)
+from traces import shared_prefix as _shared_prefix  # noqa: F401,E402  (registers shared_prefix, multi_turn)

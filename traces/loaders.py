@@ -75,10 +75,10 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
         raise UserError(f"{where}.format: unknown trace format {format!r}; allowed: auto, "
                         f"{', '.join(list(FORMATS) + list(GENERIC))}")
     bad = set(mapping) - {"arrival_s", "prompt_tokens", "output_tokens", "cls", "session", "prefix_hashes",
-                          "predicted_output_tokens"}
+                          "prefix", "predicted_output_tokens"}
     if bad:
         raise UserError(f"{where}.columns: unknown target(s) {', '.join(sorted(bad))}; allowed: arrival_s, "
-                        f"prompt_tokens, output_tokens, cls, session, prefix_hashes")
+                        f"prompt_tokens, output_tokens, cls, session, prefix_hashes, prefix")
     raw, lines = read_raw(p, fmt)
     if format in FORMATS:  # a format's own optional columns (e.g. Mooncake hash_ids) may be absent
         for tidy in ("prefix_hashes", "session", "cls"):
@@ -87,11 +87,14 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
     if format == "vidur" and mapping.get("arrival_s") not in raw.columns:
         mapping["arrival_s"] = None
     if format == "servesim":
-        for extra in ("cls", "session", "predicted_output_tokens", "prefix_hashes"):
+        for extra in ("cls", "session", "predicted_output_tokens", "prefix_hashes", "prefix"):
             if extra in raw.columns:
                 mapping.setdefault(extra, extra)
         if "prefix_hashes" in raw.columns:  # `trace make` writes the hash lists as space-separated ids
             raw["prefix_hashes"] = [[int(h) for h in str(v).split()] for v in raw["prefix_hashes"]]
+        if "prefix" in raw.columns:         # and segments as KEY:TOKENS items
+            from traces.prefix import parse_prefix
+            raw["prefix"] = [parse_prefix(v, str(p), i) for i, v in enumerate(raw["prefix"])]
     if format == "burstgpt":
         raw, lines = _burstgpt_filter(raw, lines, p, **filters)
         if "Session ID" in raw.columns and "session" not in mapping:

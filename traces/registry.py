@@ -10,7 +10,7 @@ from costmodels.errors import UserError
 
 # Required columns, then optional ones a builder may add.
 REQUEST_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-OPTIONAL_COLUMNS = ("cls", "predicted_output_tokens", "session", "prefix_hashes")
+OPTIONAL_COLUMNS = ("cls", "predicted_output_tokens", "session", "prefix_hashes", "prefix")
 
 WORKLOADS: dict[str, Callable] = {}
 
@@ -52,4 +52,6 @@ def validate_requests(df: pd.DataFrame, where: str) -> pd.DataFrame:
     bad = np.flatnonzero(~(a >= 0))
     if len(bad):
         raise UserError(f"{where}: row {int(bad[0])}: arrival_s = {float(a[bad[0]])!r}; must be >= 0")
+    from traces.prefix import check_prefix
+    check_prefix(df, where)
     return df.reset_index(drop=True)

@@ -158,7 +158,7 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort:
 
 def tidy_table(raw: pd.DataFrame, lines: np.ndarray, path: Path, mapping: dict, *, time_unit: str = "s",
                skip_bad_rows: bool = False, sort: bool = False,
-               optional=("cls", "session", "prefix_hashes", "predicted_output_tokens")) -> pd.DataFrame:
+               optional=("cls", "session", "prefix_hashes", "prefix", "predicted_output_tokens")) -> pd.DataFrame:
     """Map source columns to arrival_s / prompt_tokens / output_tokens (+ optional ones) and validate every row.
 
     `mapping` is {tidy name: source column}; arrival_s may be absent (None), then every arrival is 0."""

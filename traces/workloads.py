@@ -19,8 +19,16 @@ LOADER_KEYS = ("path", "format", "columns", "time_unit", "skip_bad_rows", "sort"
 def trace(spec, rng, where):
     """Replay a trace file with its own timestamps, optionally windowed, time-scaled to `rate`, or re-timed by an
     arrival process (`arrival`) that keeps the trace's lengths."""
-    _check_keys(spec, LOADER_KEYS + ("start_s", "duration_s", "max_requests", "rate", "arrival", "cls"), where)
+    _check_keys(spec, LOADER_KEYS + ("start_s", "duration_s", "max_requests", "rate", "arrival", "cls",
+                                     "hash_block_tokens"), where)
     df = load_trace(where=where, **{k: spec[k] for k in LOADER_KEYS if k in spec})
+    if "prefix_hashes" in df and "prefix" not in df:    # content named per block (Mooncake): segments
+        from traces.prefix import prefix_from_hashes
+        bt = spec.get("hash_block_tokens", 512)
+        if isinstance(bt, bool) or not isinstance(bt, int) or bt < 1:
+            raise UserError(f"{where}.hash_block_tokens: expected an integer >= 1, got {bt!r}")
+        df["prefix"] = [prefix_from_hashes(h, p, bt, f"{where}: prefix_hashes", i)
+                        for i, (h, p) in enumerate(zip(df["prefix_hashes"], df["prompt_tokens"]))]
     start = float(spec.get("start_s", 0.0))
     if start or spec.get("duration_s") is not None:
         end = start + float(spec["duration_s"]) if spec.get("duration_s") is not None else np.inf

@@ -5,6 +5,7 @@ import numpy as np
 
 from sim.metrics import finalize_request
 from sim.engine.request import DONE, RUNNING
+from sim.kv.paged import KVCacheManager
 
 # Longest stretch planned at once: bounds the per-stretch arrays; a longer steady stretch is simply several.
 MAX_STRETCH = 1 << 14
@@ -62,6 +63,11 @@ class FastForward:
         events = _block_events(slack, last, bs, kmax)
         done = rem <= kmax
         final_blocks = blocks[done] + -(-np.maximum(rem[done] - slack[done], 0) // bs)
+        if type(mem).blocks_returned_on_free is not KVCacheManager.blocks_returned_on_free:
+            # Shared (prefix-cached) blocks return only with their last holder: count a request's own blocks, an
+            # underestimate when two holders finish in one stretch, which only shortens the stretch.
+            own = np.fromiter((mem.blocks_returned_on_free(r) for r in running), np.int64, n)
+            final_blocks -= (blocks - own)[done]
         freed = np.bincount(rem[done], weights=final_blocks, minlength=kmax + 1)[1:].astype(np.int64)
         # Step j's reserves fit iff blocks taken so far ≤ free blocks + blocks freed by earlier completions.
         taken, returned = np.cumsum(events), np.cumsum(freed)
@@ -109,7 +115,7 @@ class FastForward:
         generated = int(steps.sum())
         view.kv_cached_tokens += generated
         keep = sim.keep_token_times
-        finished = False
+        done = []
         for r, nb, t in zip(running, new_blocks.tolist(), steps.tolist()):
             r.cached += t
             r.generated += t
@@ -119,13 +125,22 @@ class FastForward:
                 r.first_token_s = ends[0]
             r.token_times.extend(ends if t == k else ends[:t])
             if r.generated >= r.output_tokens:
-                r.completion_s = ends[t - 1]
-                r.state = DONE
-                view.kv_cached_tokens -= r.cached
-                mem.free(r)
-                sim.completed += 1
-                finished = True
-                finalize_request(r, keep)
+                done.append((t, r))
+        # Completions free their KV step by step, as the plain loop would: a block shared by two requests returns
+        # with the later one (prefix caching), so the blocks each step returns are measured, not assumed.
+        returned = np.zeros(k, dtype=np.int64)
+        done.sort(key=lambda d: d[0])
+        for t, r in done:
+            r.completion_s = ends[t - 1]
+            r.state = DONE
+            view.kv_cached_tokens -= r.cached
+            mem.clock = r.completion_s
+            before = mem.free_blocks
+            mem.free(r)
+            returned[t - 1] += mem.free_blocks - before
+            sim.completed += 1
+            finalize_request(r, keep)
+        finished = bool(done)
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]
             if view.cohort is not None:
@@ -137,7 +152,7 @@ class FastForward:
         # Per-step columns: requests in each step, and the running set / KV after each step's commit.
         active = np.bincount(steps, minlength=k + 1)[::-1].cumsum()[::-1][1:]
         after = np.append(active[1:], len(running))
-        alloc = (used_blocks0 + p.taken - p.returned) * bs
+        alloc = (used_blocks0 + p.taken - np.cumsum(returned)) * bs
         left = p.rem <= k
         freed_cached = np.bincount(p.rem[left], weights=(p.cached0 + p.rem)[left], minlength=k + 1)[1:]
         kv_cached = kv_cached0 + np.cumsum(active) - np.cumsum(freed_cached).astype(np.int64)

@@ -98,7 +98,7 @@ class Simulation:
     def _replica(self, env):
         """The replica loop. Under SimPy (the plain loop) every iteration is a timeout; with the exact fast
         paths `env` is None, the ArrivalClock replays the arrivals process, and the loop never yields."""
-        view, policy, clock = self.view, self.policy, self.arrival_clock
+        view, policy, clock, memory = self.view, self.policy, self.arrival_clock, self.memory
         total = len(self.requests)
         last_progress = 0
         now = 0 if env is None else env.now
@@ -109,7 +109,10 @@ class Simulation:
             view.step_hidden_recompute = 0
             arrived_at_schedule = self.arrived
             view.step_swap_hidden = 0
+            memory.clock = now                          # frees are queued by time (sim/kv/prefix_cache.py)
             batch = policy.schedule(view)
+            if view.looked_up:
+                view.end_schedule()
             if not batch.reqs and not batch.cohort:
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
                     raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
@@ -130,6 +133,7 @@ class Simulation:
                 self._deliver(start, now)
             gen_before = self.tokens_generated
             completed_before = self.completed
+            memory.clock = now
             self._commit(batch, now)
             policy.on_commit(view, batch, dt)
             if self.record_iterations:
@@ -249,6 +253,7 @@ class Simulation:
                 dt = cm.time_from_sums(n, 0, 0, 0, 0, n, context)
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
                 view.kv_cached_tokens += n
+                mem.clock = t
                 finished |= self._commit_cohort_step(t)
                 if self.record_iterations:
                     self._record(start, dt, n, 0, n)
@@ -276,9 +281,12 @@ class Simulation:
         finished = joined = False
         generated = 0
         view.kv_cached_tokens += batch.num_tokens
+        register = self.memory.register if self.view.prefix_caching else None
         for r, c in zip(batch.reqs, batch.tokens):
             m = r.cached + c
             r.cached = m
+            if register is not None and m - c < r.input_tokens:   # a prefill chunk: its full blocks are hittable now
+                register(r, min(m, r.input_tokens))
             if m >= r.input_tokens:
                 r.generated += 1
                 generated += 1
@@ -347,7 +355,7 @@ class Simulation:
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
         if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
-                and self.costmodel.accepts_decode_sums() and type(self.memory) is KVCacheManager
+                and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
             self.view.loose[:] = self.view.running

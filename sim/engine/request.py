@@ -11,10 +11,10 @@ class Request:
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
                  "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
-                 "cohort")
+                 "cohort", "prefix", "chain", "hit", "hit_tokens")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
-                 slo_ttft_s=None, slo_tbt_s=None):
+                 slo_ttft_s=None, slo_tbt_s=None, prefix=None):
         self.id = int(id)
         self.arrival_s = float(arrival_s)
         self.prompt_tokens = int(prompt_tokens)      # I0
@@ -43,6 +43,10 @@ class Request:
         self.meta = None                            # free slot for policies (predictions, class data)
         self.tbt = None                             # (mean, p99, max) inter-token gap, set at completion
         self.cohort = None                          # step it joined the engine's decode cohort (sim/engine/cohort.py)
+        self.prefix = prefix                        # shared prompt content: ((key, tokens), ...) from the workload
+        self.chain = None                           # its KV block identities, built on demand (sim/kv/prefix_cache.py)
+        self.hit = None                             # a prefix-cache lookup not yet taken by admission
+        self.hit_tokens = -1                        # prompt tokens found cached at its first admission (-1: none)
 
     @property
     def on_gpu(self) -> bool:

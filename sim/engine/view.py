@@ -30,6 +30,9 @@ class ReplicaView:
         self.step_swap_hidden = 0          # swap tokens a policy moved in the background (overlapped with compute)
         self.cohort = None                 # the engine's DecodeCohort when the policy opted in (sim/engine/cohort.py)
         self.loose: list = []              # with a cohort: running requests outside it, in running order
+        # Prefix caching (sim/kv/prefix_cache.py): on when the manager can look prompts up.
+        self.prefix_caching = hasattr(memory, "lookup")
+        self.looked_up: list = []          # waiting requests looked up this step (a hit not admitted lapses)
 
     def _run(self, req) -> None:
         self.running.append(req)
@@ -41,16 +44,40 @@ class ReplicaView:
         """Grow a running request's KV allocation to `tokens`."""
         return self.memory.reserve(req, tokens)
 
+    def lookup_prefix(self, req: Request) -> int:
+        """With prefix caching: how many of a waiting request's tokens are already computed (cached full blocks),
+        set as req.cached so the policy sizes its chunk from there; admit() takes them. Call it before sizing a
+        waiting request's chunk; without prefix caching (or for a request holding KV) it changes nothing."""
+        if not self.prefix_caching or req.state != WAITING or req.blocks:
+            return req.cached
+        self.looked_up.append(req)
+        return self.memory.lookup(req)
+
     def admit(self, req: Request, tokens: int) -> bool:
-        """Move a waiting request onto the GPU with `tokens` KV reserved (admission watermark applies)."""
-        if not self.memory.reserve(req, tokens, admission=True):
+        """Move a waiting request onto the GPU with `tokens` KV reserved (admission watermark applies); with
+        prefix caching the blocks its lookup found are shared rather than computed again."""
+        if not self.memory.admit(req, tokens):
             return False
         self.waiting.remove(req)
         req.state = RUNNING
         self._run(req)
+        if req.cached:                     # a prefix hit: those tokens are on the GPU already
+            self.kv_cached_tokens += req.cached
+            loaded = self.memory.loaded_tokens
+            if loaded:                     # ... some of them loaded back from the CPU tier this step
+                self.step_swap_in += loaded
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.now
+            req.hit_tokens = req.cached
         return True
+
+    def end_schedule(self) -> None:
+        """After a policy's schedule(): lookups that were not admitted lapse (a waiting request holds no KV)."""
+        for r in self.looked_up:
+            if r.state == WAITING:
+                r.cached = 0
+                r.hit = None
+        self.looked_up.clear()
 
     def swap_in(self, req: Request, tokens: int) -> bool:
         if not self.memory.swap_in(req, tokens):

@@ -14,6 +14,8 @@ class BidirectionalKVManager(KVCacheManager):
     owner, as in vLLM. Restoring CPU slots (when the owner runs again) places them as new slots and is reported
     through `take_swapped_in()` so the policy can charge the H2D transfer."""
 
+    exact_counts = False    # its own block layout: the engine keeps every request on the per-request path
+
     def __init__(self, capacity_tokens: int, block_size: int = 16, is_rt=None, bidirectional: bool = True):
         super().__init__(capacity_tokens, block_size, 0.0, 0)
         n, self.S = self.total_blocks, self.block_size

@@ -11,6 +11,8 @@ class HybridCacheManager(KVCacheManager):
     the reference code packs two hidden blocks into one K+V block). The cache type is fixed while the request
     holds memory: switching means freeing and recomputing, as the paper prescribes."""
 
+    exact_counts = False    # its own block layout: the engine keeps every request on the per-request path
+
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
                  swap_capacity_tokens: int = 0, hidden_ratio: float = 0.5):
         super().__init__(capacity_tokens, block_size, watermark, swap_capacity_tokens)

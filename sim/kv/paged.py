@@ -7,6 +7,10 @@ from costmodels.errors import UserError
 class KVCacheManager:
     """Block accounting for GPU KV and CPU swap space. Block size 1 gives InferMax's token granularity."""
 
+    exact_counts = True     # plain per-request block counts: the engine's decode cohort may account in aggregate
+    loaded_tokens = 0       # KV tokens the latest admission loaded from a CPU tier (none here)
+    clock = 0.0             # the engine's time at the latest schedule or commit (prefix caching orders frees by it)
+
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
                  swap_capacity_tokens: int = 0):
         if capacity_tokens <= 0:
@@ -56,6 +60,14 @@ class KVCacheManager:
         self.free_blocks -= extra
         req.blocks += extra
         return True
+
+    def admit(self, req, tokens: int) -> bool:
+        """Reserve for a request entering the GPU (the admission watermark applies)."""
+        return self.reserve(req, tokens, admission=True)
+
+    def blocks_returned_on_free(self, req) -> int:
+        """Blocks free(req) would return to the pool now."""
+        return req.blocks
 
     def free(self, req) -> None:
         self.free_blocks += req.blocks

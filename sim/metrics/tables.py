@@ -48,7 +48,7 @@ def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
         "ttft_s": first_tok - arrival, "tpot_s": tpot, "tbt_mean_s": tbt[:, 0], "tbt_p99_s": tbt[:, 1],
         "tbt_max_s": tbt[:, 2], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
         "evictions": col("evictions", np.int64), "swaps": col("swaps", np.int64),
-        "evicted_tokens": col("evicted_tokens", np.int64),
+        "evicted_tokens": col("evicted_tokens", np.int64), "prefix_hit_tokens": col("hit_tokens", np.int64),
         "reason": np.array([r.reason or "" for r in reqs], dtype=object)})
     df["slo_attained"] = slo_attained(df, slos or {})
     return df
@@ -140,6 +140,8 @@ class SimResult:
         req = request_table(sim.all_requests, slos)
         it = iteration_table(sim.iters)
         summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
+        if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions
+            summ.update(sim.memory.stats())
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:

@@ -47,9 +47,34 @@ def requests_from_table(df) -> list:
     cols = df.columns
     cls = df["cls"].to_numpy() if "cls" in cols else None
     pred = df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in cols else None
+    prefix = df["prefix"].to_numpy() if "prefix" in cols else None
     a, p, o = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
     return [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
-                    predicted_output_tokens=None if pred is None else pred[i]) for i in range(len(df))]
+                    predicted_output_tokens=None if pred is None else pred[i],
+                    prefix=None if prefix is None else prefix[i]) for i in range(len(df))]
+
+
+def build_memory(scn: Scenario, model, policy, M: int):
+    """The replica's KV manager: paged, with prefix caching (and a CPU tier) when the scenario or the policy's
+    engine turns it on."""
+    mem = scn.memory
+    kv_per_token = model.kv_bytes_per_token(mem.kv_dtype, scn.hardware.tp)
+    swap_tokens = int(mem.swap_space_gib * GiB / kv_per_token)
+    caching = mem.prefix_caching
+    own_layout = policy.kv_layout(None, None) is not None
+    if caching is None:
+        caching = policy.prefix_caching_default() and not own_layout
+    elif caching and own_layout:
+        raise UserError(f"memory.prefix_caching: policy {scn.policy.get('name')!r} runs on its own KV layout; "
+                        "prefix caching needs the paged manager (set it false or leave it null)")
+    if mem.cpu_offload_gib and not caching:
+        raise UserError("memory.cpu_offload_gib: the CPU tier sits behind the prefix cache; "
+                        "set memory.prefix_caching: true")
+    if caching:
+        from sim.kv.prefix_cache import PrefixCachingKVManager
+        cpu_blocks = int(mem.cpu_offload_gib * GiB // (kv_per_token * mem.block_size))
+        return PrefixCachingKVManager(M, mem.block_size, mem.watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
+    return KVCacheManager(M, mem.block_size, mem.watermark, swap_tokens)
 
 
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
@@ -63,9 +88,7 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     if requests is None:
         rng = np.random.default_rng(scn.seed)
         requests = requests_from_table(build_workload(scn.workload, rng))
-    kv_per_token = model.kv_bytes_per_token(scn.memory.kv_dtype) / scn.hardware.tp
-    memory = KVCacheManager(M, scn.memory.block_size, scn.memory.watermark,
-                            int(scn.memory.swap_space_gib * GiB / kv_per_token))
+    memory = build_memory(scn, model, policy, M)
     if scn.memory.kv_quant_bits != 16:
         from sim.kv.quant import quantize_kv
         quantize_kv(memory, scn.memory.kv_quant_bits, kv_dtype=scn.memory.kv_dtype)

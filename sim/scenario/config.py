@@ -25,6 +25,7 @@ class HardwareSection:
     gpu: str = "a100-80gb"
     tp: int = 1
     gpu_memory_utilization: float = 0.9
+    host_memory_gib: float = 512.0     # CPU memory of the server: bounds swap space and the CPU KV offload tier
 
 
 @dataclass
@@ -37,6 +38,8 @@ class MemorySection:
     activation_reserve_gib: float = 0.0
     kv_dtype: typing.Optional[str] = None
     kv_quant_bits: int = 16            # store KV quantized (8 = INT8, ALISE): M holds 16/bits × tokens; reads pay dequant
+    prefix_caching: typing.Optional[bool] = None   # automatic prefix caching; null: the policy's engine default
+    cpu_offload_gib: float = 0.0       # CPU tier behind the prefix cache (vLLM's KV offloading), GiB per GPU
 
 
 @dataclass
@@ -174,6 +177,8 @@ _RANGES = (
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
     ("memory", "activation_reserve_gib", lambda v: v >= 0, ">= 0"),
+    ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
+    ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
 )
@@ -184,6 +189,12 @@ def _check_ranges(scn: Scenario) -> None:
         value = getattr(getattr(scn, section) if section else scn, name)
         if not ok(value):
             raise UserError(f"{section + '.' if section else ''}{name}: must be {allowed}, got {value!r}")
+    host = scn.hardware.host_memory_gib
+    cpu = (scn.memory.cpu_offload_gib + scn.memory.swap_space_gib) * scn.hardware.tp
+    if scn.memory.cpu_offload_gib and cpu > host:
+        raise UserError(f"memory.cpu_offload_gib: {scn.memory.cpu_offload_gib} GiB per GPU (plus swap_space_gib "
+                        f"{scn.memory.swap_space_gib}) x tp {scn.hardware.tp} = {cpu:g} GiB exceeds "
+                        f"hardware.host_memory_gib = {host:g}")
     for cls, slo in scn.slos().items():
         for k, v in dataclasses.asdict(slo).items():
             if v is not None and not v > 0:

@@ -68,6 +68,9 @@ def cmd_make(args) -> int:
     if "prefix_hashes" in df:  # lists do not fit a CSV cell; keep them as space-separated ids
         df["prefix_hashes"] = [" ".join(map(str, h)) if isinstance(h, (list, tuple)) else h
                                for h in df["prefix_hashes"]]
+    if "prefix" in df:         # segments as KEY:TOKENS items (traces/prefix.py), read back by format servesim
+        from traces.prefix import format_prefix
+        df["prefix"] = [format_prefix(p) for p in df["prefix"]]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False, float_format="%.6f")

@@ -1,0 +1,295 @@
+"""Automatic prefix caching (vLLM v1's): full KV blocks named by a hash chain of their content, shared by reference,
+kept after their owners finish and evicted least-recently-freed first; an optional CPU tier behind them.
+
+Block identity. A request's tokens are its prompt segments (`Request.prefix`: (key, length) pairs the workload says
+it shares with others), then its own unique rest of the prompt, then its generated tokens. Block b's identity is
+an integer interned from (identity of block b-1, the pieces of content it covers), so two requests share block b
+exactly when their first (b+1)·B tokens are the same content. Interning instead of hashing makes identities exact
+(no collisions) and independent of the process's hash seed.
+
+Block pool (counts stay the engine's plain `free_blocks`, so the fast paths work unchanged):
+- a block is in use (reference count > 0, held by running requests), or free. A free block is either cached (its
+  identity can still be hit) or blank;
+- free blocks wait in one queue, oldest first; an allocation takes blocks from its head, evicting the cached ones
+  it takes. Allocations only decrement `free_blocks`; the queue catches up (pops its head) before anything reads
+  it (a lookup), which takes exactly the blocks eager popping would have taken, since both consume in queue order;
+- freed blocks join the queue's tail in a canonical order: by the time they were freed, then request id, and
+  within a request last block first (vLLM frees in reverse so a request's prefix outlives its tail). The order
+  does not depend on which engine path freed them, which keeps the fast paths bit-identical to the plain loop;
+- full blocks become hittable when their tokens are committed (prefill chunks), or when the request frees them
+  (blocks filled while decoding: only their own request, or a later turn of its conversation, can hit those, and
+  both look only after the free).
+
+A lookup (vLLM's get_computed_blocks) finds the longest run of leading blocks that are cached, capped so at least
+one prompt token is computed. With a CPU tier, it goes on through blocks held in CPU memory: those are loaded
+back (PCIe time charged to the step that admits the request) instead of recomputed. The CPU tier receives every
+cached block when it is freed (the copy runs in the background and is not charged), up to its capacity, evicting
+its own least recently used blocks.
+
+Departures from vLLM, on purpose: a block whose content is already cached under another block stays blank (vLLM
+keeps both copies cached); blocks become hittable after the step that computes them, not within it."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from costmodels.errors import UserError
+from sim.kv.paged import KVCacheManager
+
+
+class BlockChains:
+    """Interns block identities for one block size and extends each request's chain on demand."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.ids: dict = {}          # (parent id, content pieces) → block identity
+        self.memo: dict = {}         # (parent id, open pieces, segment) → (new ids, parent id, open pieces)
+
+    def _intern(self, parent, pieces) -> int:
+        key = (parent, pieces)
+        i = self.ids.get(key)
+        if i is None:
+            i = self.ids[key] = len(self.ids)
+        return i
+
+    def _walk(self, state, key, off: int, take: int):
+        """Extend a chain state (last full block's id, pieces of the open block) by tokens [off, off + take) of
+        segment `key`; returns the new full blocks' ids and the new state. A piece continuing the open block's last
+        piece of the same segment merges with it, so a content's identities do not depend on how the walk was cut.
+        Memoised: requests repeating a prefix reuse the walk."""
+        memo_key = (state, key, off, take)
+        hit = self.memo.get(memo_key)
+        if hit is not None:
+            return hit
+        parent, open_pieces = state
+        pieces = list(open_pieces)
+        used = sum(p[2] - p[1] for p in pieces)
+        B, pos, end, out = self.block_size, off, off + take, []
+        while pos < end:
+            t = min(B - used, end - pos)
+            if pieces and pieces[-1][0] == key and pieces[-1][2] == pos:
+                pieces[-1] = (key, pieces[-1][1], pos + t)
+            else:
+                pieces.append((key, pos, pos + t))
+            pos += t
+            used += t
+            if used == B:
+                parent = self._intern(parent, tuple(pieces))
+                out.append(parent)
+                pieces, used = [], 0
+        result = (tuple(out), (parent, tuple(pieces)))
+        if len(self.memo) < 1_000_000:          # bounded: only shared prefixes repeat
+            self.memo[memo_key] = result
+        return result
+
+    def chain(self, req, n_blocks: int) -> list:
+        """The identities of `req`'s first n_blocks full blocks (prompt segments, own prompt, generated tokens)."""
+        ch = req.chain
+        if ch is None:
+            ch = req.chain = [[], (-1, ()), 0]     # ids, state after the walked tokens, tokens walked
+        ids = ch[0]
+        if len(ids) >= n_blocks:
+            return ids
+        segs = list(req.prefix or ())
+        shared = sum(n for _, n in segs)
+        if req.prompt_tokens > shared:
+            segs.append((("u", req.id), req.prompt_tokens - shared))
+        segs.append((("g", req.id), 1 << 40))      # generated tokens: as many as needed
+        walked, state, start = ch[2], ch[1], 0
+        for key, n in segs:
+            if walked >= start + n:                # walked already
+                start += n
+                continue
+            off = walked - start
+            take = min(n - off, n_blocks * self.block_size - walked)
+            new, state = self._walk(state, key, off, take)
+            ids.extend(new)
+            walked += take
+            start += n
+            if len(ids) >= n_blocks:
+                break
+        ch[1], ch[2] = state, walked
+        return ids
+
+
+class PrefixCachingKVManager(KVCacheManager):
+    """The paged manager with vLLM v1's automatic prefix caching and an optional CPU offload tier."""
+
+    exact_counts = True            # block accounting stays plain counts: the decode cohort may run on it
+
+    def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
+                 swap_capacity_tokens: int = 0, cpu_cache_blocks: int = 0):
+        super().__init__(capacity_tokens, block_size, watermark, swap_capacity_tokens)
+        if cpu_cache_blocks < 0:
+            raise UserError(f"memory.cpu_offload: must hold >= 0 blocks, got {cpu_cache_blocks}")
+        self.chains = BlockChains(self.block_size)
+        self.ref: dict = {}                 # cached identity → requests holding it (0: free, waiting in the queue)
+        self.held: dict = {}                # request id → identities it holds, a prefix of its blocks
+        self.pristine = self.total_blocks   # never-used blank blocks at the queue's head
+        self.queue: OrderedDict = OrderedDict()   # free blocks after the pristine ones: identity, or -n if blank
+        self.pending: list = []             # (time, request id, keys) freed but not yet queued
+        self._blank = 0
+        self.clock = 0.0                    # the engine's time, set before it schedules or commits
+        self.cpu_capacity = int(cpu_cache_blocks)
+        self.cpu: OrderedDict = OrderedDict()     # CPU tier: identities, least recently used first
+        # statistics
+        self.hit_blocks = 0                 # blocks found on the GPU at admissions
+        self.cpu_hit_blocks = 0             # blocks loaded back from the CPU tier
+        self.query_blocks = 0               # blocks asked for at admissions (the prompt's, less the last token)
+        self.evicted_blocks = 0             # cached blocks evicted from the GPU
+        self.loaded_tokens = 0              # KV tokens the latest admission loaded from the CPU tier
+
+    # -- the queue ------------------------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Queue the pending frees in canonical order, then drop from the head what allocations took."""
+        if self.pending:
+            self.pending.sort(key=lambda p: (p[0], p[1]))
+            q = self.queue
+            for _, _, keys in self.pending:
+                for k in keys:
+                    q[k] = None
+            self.pending.clear()
+        debt = self.pristine + len(self.queue) - self.free_blocks
+        if debt <= 0:
+            return
+        take = min(debt, self.pristine)
+        self.pristine -= take
+        debt -= take
+        q, ref, cpu = self.queue, self.ref, self.cpu
+        for _ in range(debt):
+            k, _ = q.popitem(last=False)
+            if k >= 0:                      # a cached block: evicted
+                del ref[k]
+                self.evicted_blocks += 1
+
+    def _to_cpu(self, k) -> None:
+        if not self.cpu_capacity:
+            return
+        cpu = self.cpu
+        if k in cpu:
+            cpu.move_to_end(k)
+            return
+        if len(cpu) >= self.cpu_capacity:
+            cpu.popitem(last=False)
+        cpu[k] = None
+
+    # -- lookups and admission -----------------------------------------------------------------------------------
+    def lookup(self, req) -> int:
+        """Tokens of `req` already computed: the longest cached run of its leading full blocks (GPU, then the CPU
+        tier), leaving at least its last token to compute. Sets req.cached; admit() takes the hit or it lapses."""
+        self._settle()
+        B = self.block_size
+        limit = (req.input_tokens - 1) // B
+        if limit <= 0:
+            req.hit = None
+            return 0
+        ids = self.chains.chain(req, limit)
+        ref, gpu = self.ref, 0
+        while gpu < limit and ids[gpu] in ref:
+            gpu += 1
+        cpu_n = 0
+        if self.cpu_capacity:
+            cpu = self.cpu
+            while gpu + cpu_n < limit and ids[gpu + cpu_n] in cpu:
+                cpu_n += 1
+        req.hit = (gpu, cpu_n)
+        req.cached = (gpu + cpu_n) * B
+        return req.cached
+
+    def admit(self, req, tokens: int) -> bool:
+        """Take the hit found by lookup (touch GPU blocks, load CPU ones into fresh blocks), then reserve `tokens`."""
+        hit = req.hit
+        self.loaded_tokens = 0
+        if not hit:
+            return self.reserve(req, tokens, admission=True)
+        gpu, cpu_n = hit
+        ids = req.chain[0]
+        ref, q = self.ref, self.queue
+        revived = sum(1 for i in ids[:gpu] if ref[i] == 0)
+        extra = self.blocks_for(tokens) - gpu       # loaded CPU blocks and the rest are fresh blocks
+        if self.free_blocks - revived - max(extra, 0) < self.watermark_blocks:
+            req.hit = None
+            req.cached = 0
+            return False
+        for i in ids[:gpu]:
+            if ref[i] == 0:
+                del q[i]
+                self.free_blocks -= 1
+            ref[i] += 1
+        req.blocks = gpu
+        held = list(ids[:gpu])
+        if cpu_n:                               # loaded blocks are cached again on the GPU under their identity
+            self.free_blocks -= cpu_n
+            req.blocks += cpu_n
+            for i in ids[gpu:gpu + cpu_n]:
+                self.cpu.move_to_end(i)
+                if i in ref:                    # cannot happen (the GPU run stopped before it); keep it blank
+                    break
+                ref[i] = 1
+                held.append(i)
+        self.held[req.id] = held
+        self.query_blocks += (req.input_tokens - 1) // self.block_size
+        self.hit_blocks += gpu
+        self.cpu_hit_blocks += cpu_n
+        self.loaded_tokens = cpu_n * self.block_size     # the view charges their PCIe transfer to this step
+        req.hit = None
+        if not self.reserve(req, tokens, admission=False):    # cannot fail: checked above
+            raise RuntimeError("prefix-cache admission lost its blocks")
+        return True
+
+    # -- registering computed blocks and freeing -----------------------------------------------------------------
+    def register(self, req, upto_tokens: int) -> None:
+        """Make `req`'s full blocks up to `upto_tokens` hittable (their content is computed)."""
+        n = upto_tokens // self.block_size
+        held = self.held.get(req.id)
+        if held is None:
+            held = self.held[req.id] = []
+        if len(held) >= n:
+            return
+        ids = self.chains.chain(req, n)
+        ref = self.ref
+        for b in range(len(held), n):
+            i = ids[b]
+            if i in ref:                     # the same content is cached in another block: this one stays blank
+                break
+            ref[i] = 1
+            held.append(i)
+
+    def free(self, req) -> None:
+        if req.blocks:
+            self.register(req, req.cached)
+            held = self.held.pop(req.id, ())
+            ref = self.ref
+            keys = []
+            for _ in range(req.blocks - len(held)):       # blank tail blocks go first (evicted first)
+                self._blank -= 1
+                keys.append(self._blank)
+            for i in reversed(held):
+                r = ref[i] - 1
+                ref[i] = r
+                if r == 0:
+                    keys.append(i)
+                    self._to_cpu(i)
+            self.free_blocks += len(keys)
+            self.pending.append((self.clock, req.id, keys))
+        else:
+            self.held.pop(req.id, None)
+        req.blocks = 0
+
+    def blocks_returned_on_free(self, req) -> int:
+        """Blocks free(req) would return now: its own, not those other requests still hold."""
+        held = self.held.get(req.id, ())
+        return req.blocks - sum(1 for i in held if self.ref[i] > 1)
+
+    def swap_in(self, req, tokens: int) -> bool:
+        ok = super().swap_in(req, tokens)
+        if ok:
+            self.held[req.id] = []            # fresh blocks: registered again when freed
+        return ok
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        q = self.query_blocks
+        return {"prefix_hit_rate": (self.hit_blocks + self.cpu_hit_blocks) / q if q else float("nan"),
+                "prefix_gpu_hit_tokens": self.hit_blocks * self.block_size,
+                "prefix_cpu_hit_tokens": self.cpu_hit_blocks * self.block_size,
+                "prefix_evicted_blocks": self.evicted_blocks}
