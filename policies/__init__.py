@@ -1,6 +1,7 @@
 """Scheduling policies: the InferMax unified family (presets) and the seed systems, behind one registry."""
 from policies.base import Batch, Policy, POLICIES, register_policy, build_policy
 from policies import unified as _unified  # noqa: F401  (registers the presets)
+from policies import vllm as _vllm  # noqa: F401  (registers vllm-v0, vllm-v0-chunked)
 from policies import econoserve as _econoserve  # noqa: F401  (registers econoserve and its ablations)
 from policies import alise as _alise  # noqa: F401  (registers alise and its memory-policy strawmen)
 

@@ -93,7 +93,7 @@ class AptServe(Policy):
     def infeasible_reason(self, req, capacity_tokens, block_size):
         why = super().infeasible_reason(req, capacity_tokens, block_size)
         if why is None and self.config.base == "vllm" and req.prompt_tokens > self.config.max_batched_tokens:
-            why = f"prompt of {req.prompt_tokens} tokens exceeds max_batched_tokens {self.config.max_batched_tokens}"
+            why = f"prompt longer than max_batched_tokens = {self.config.max_batched_tokens}"
         return why
 
     # -- runtime information (§4.2) -----------------------------------------------------------------------

@@ -62,6 +62,10 @@ class Policy:
         return cfg
 
     # -- hooks --------------------------------------------------------------------------------------------
+    def prepare(self, costmodel) -> None:
+        """Called once when the simulation is built, before feasibility checks: settle defaults that depend on
+        the hardware (vLLM v1 picks its budgets by GPU)."""
+
     def bind(self, view) -> None:
         """Called once before the run, with the engine's view."""
 
@@ -69,8 +73,13 @@ class Policy:
         """Why `req` can never complete under this policy (None if it can)."""
         need = req.prompt_tokens + req.output_tokens - 1
         if -(-need // block_size) * block_size > capacity_tokens:
-            return f"prompt+output-1 = {need} tokens exceed KV capacity M = {capacity_tokens}"
+            return f"prompt + output - 1 tokens exceed KV capacity M = {capacity_tokens}"
         return None
+
+    def admission_tokens(self, req) -> int:
+        """KV tokens a request must be able to reserve when it is admitted (the watermark applies to them); the
+        engine refuses up front a request that could never be admitted. Default: its whole prompt."""
+        return req.prompt_tokens
 
     def kv_layout(self, memory, costmodel):
         """The KV layout this policy runs on: None keeps the scenario's paged manager; ("name", {knobs}) asks the
@@ -83,6 +92,11 @@ class Policy:
         scenario's memory.prefix_caching overrides it. A policy that sizes waiting requests' chunks calls
         view.lookup_prefix(req) first to benefit; one that does not still runs correctly, without hits."""
         return bool(getattr(self.config, "prefix_caching", False))
+
+    def watermark_default(self) -> float:
+        """The admission watermark of the engine this policy models (vLLM v0: 0.01; InferMax's model: 0), used
+        when the scenario leaves memory.watermark null."""
+        return float(getattr(self.config, "watermark", 0.0))
 
     def schedule(self, view) -> Batch:  # pragma: no cover - interface
         raise NotImplementedError

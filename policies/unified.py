@@ -77,6 +77,7 @@ class UnifiedScheduler(Policy):
         static_batching: bool = False       # FasterTransformer: admit only when nothing is running
         peak_admission: bool = False        # LightLLM: admit only if projected peak KV of running ∪ {cand} fits
         prefix_caching: bool = False        # the modelled engine's default for automatic prefix caching (vLLM v1: on)
+        long_prefill_token_threshold: int = 0   # vLLM v1: cap on one prefill chunk (0 = none)
 
         def validate(self, where="policy"):
             _choice(self.order, ORDERS, f"{where}.order")
@@ -85,7 +86,12 @@ class UnifiedScheduler(Policy):
             _choice(self.victim, VICTIMS, f"{where}.victim")
             _choice(self.preemption, PREEMPTIONS, f"{where}.preemption")
             _choice(self.requeue, ("front", "back"), f"{where}.requeue")
-            for k in ("C", "P", "R_max", "max_model_len"):
+            for k in ("C", "P", "R_max"):
+                v = getattr(self, k)
+                if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+                    raise UserError(f"{where}.{k}: must be an integer >= 0 (0 = unlimited) or -1 (vLLM v1's default "
+                                    f"for the GPU), got {v!r}")
+            for k in ("max_model_len", "long_prefill_token_threshold"):
                 v = getattr(self, k)
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise UserError(f"{where}.{k}: must be a non-negative integer, got {v!r}")
@@ -94,9 +100,26 @@ class UnifiedScheduler(Policy):
 
     def __init__(self, config=None, **knobs):
         super().__init__(config, **knobs)
+        self._limits(self.config.C, self.config.P, self.config.R_max)
+        self.prepare(None)                  # -1 limits: the small-GPU defaults until the engine names the GPU
+
+    def _limits(self, C, P, R_max):
+        self.C = C or UNLIMITED
+        self.P = min((C if P == -1 else P) or UNLIMITED, self.C)
+        self.R_max = R_max
+        self.chunk_cap = self.config.long_prefill_token_threshold or UNLIMITED
+
+    def prepare(self, costmodel) -> None:
+        """-1 limits take vLLM v1's OpenAI-server defaults for the GPU (EngineArgs.get_batch_defaults): on a GPU
+        with at least 70 GiB that is not an A100, max_num_batched_tokens 8192 and max_num_seqs 1024, else
+        2048 and 256."""
         c = self.config
-        self.C = c.C or UNLIMITED
-        self.P = min(c.P or UNLIMITED, self.C)
+        if -1 not in (c.C, c.P, c.R_max):
+            return
+        gpu = getattr(costmodel, "gpu", None)
+        big = gpu is not None and gpu.mem_bytes >= 70 * 1024 ** 3 and "a100" not in gpu.name
+        tokens, seqs = (8192, 1024) if big else (2048, 256)
+        self._limits(tokens if c.C == -1 else c.C, c.P, seqs if c.R_max == -1 else c.R_max)
 
     # -- feasibility ------------------------------------------------------------------------------------------
     def infeasible_reason(self, req, capacity_tokens, block_size):
@@ -110,8 +133,14 @@ class UnifiedScheduler(Policy):
             if c.max_model_len > capacity_tokens:
                 return f"max_model_len = {c.max_model_len} exceeds KV capacity M = {capacity_tokens}"
         if not c.chunked and req.prompt_tokens > self.P:
-            return f"prompt of {req.prompt_tokens} tokens exceeds the prefill budget {self.P} without chunked prefill"
+            return f"prompt longer than the prefill budget P = {self.P} without chunked prefill"
         return None
+
+    def admission_tokens(self, req):
+        c = self.config
+        if c.reservation == "incremental":
+            return 1 if c.chunked else req.prompt_tokens
+        return self._admission_target(req, 1 if c.chunked else req.prompt_tokens)
 
     # -- fast-forward ---------------------------------------------------------------------------------------
     fast_forward_safe = False   # a subclass that changes scheduling sets True only if steady_decode still holds
@@ -341,7 +370,7 @@ class UnifiedScheduler(Policy):
                         c = 1 if batch.num_tokens < C and (hybrid or phase is not True) else 0
                     elif chunked and (hybrid or phase is not False):
                         used = batch.num_tokens
-                        c = min(cand.input_tokens - m, C - used,
+                        c = min(cand.input_tokens - m, C - used, self.chunk_cap,
                                 self.P - (used if cfg.p_counts_decode_tokens else batch.num_prefill_tokens))
                     else:
                         c = 0
@@ -377,7 +406,7 @@ class UnifiedScheduler(Policy):
             p_left = self.P - (used if cfg.p_counts_decode_tokens else batch.num_prefill_tokens)
             room = min(p_left, self.C - used)
             if cfg.chunked:
-                c = min(need, room)
+                c = min(need, room, self.chunk_cap)
             elif need <= room:
                 c = need
             elif batch.num_prefill_tokens == 0 and used == 0:
@@ -388,7 +417,7 @@ class UnifiedScheduler(Policy):
             c = 1 if used < self.C else 0
         if c <= 0:
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
-        if not holding and cfg.R_max and len(view.running) >= cfg.R_max:
+        if not holding and self.R_max and len(view.running) >= self.R_max:
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
         if not holding and cfg.peak_admission and not self._peak_fits(view, cand):
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
@@ -461,7 +490,9 @@ register_policy("deepspeed-fastgen", UnifiedScheduler, "DeepSpeed-FastGen Dynami
 register_policy("lightllm", UnifiedScheduler, "LightLLM: prefill-first, token-level KV, admission only if the "
                 "projected peak KV (known output lengths) fits", order="prefill_first", hybrid=False, chunked=False,
                 **_INFERMAX, peak_admission=True)
-register_policy("vllm-v1", UnifiedScheduler, "vLLM v1: running first, chunked, preempt from the tail (recompute), "
-                "admit waiting only on steps without preemption; C=2048, max_num_seqs=128",
-                order="running_first", hybrid=True, chunked=True, C=2048, P=2048, R_max=128,
+register_policy("vllm-v1", UnifiedScheduler, "vLLM v1 as the engine runs it: running first, chunked to the token "
+                "budget, preempt from the tail (recompute), admit waiting only on steps without preemption, prefix "
+                "caching on; budgets as v1 picks them per GPU (8192 tokens / 1024 seqs on >= 70 GiB non-A100 GPUs, "
+                "else 2048 / 256)",
+                order="running_first", hybrid=True, chunked=True, C=-1, P=-1, R_max=-1,
                 reservation="incremental", admit_after_preemption=False, prefix_caching=True)

@@ -54,8 +54,8 @@ def cmd_run(args) -> int:
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]
-        print(f"warning: {len(ids)} request(s) can never complete and were not run (ids {ids[:5]}"
-              f"{' ...' if len(ids) > 5 else ''}): {'; '.join(res.meta['infeasible_reasons'])}", file=sys.stderr)
+        why = "; ".join(f"{n} x {reason}" for reason, n in res.meta["infeasible_reasons"].items())
+        print(f"warning: {len(ids)} of {res.summary['requests']} request(s) were not run: {why}", file=sys.stderr)
     if res.summary["truncated"]:
         print(f"warning: run truncated at sim.max_iterations={scn.sim.max_iterations}; "
               f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)

@@ -115,7 +115,8 @@ def test_scenario_runs_with_classes_predictor_and_slo_classes():
     assert {r.cls for r in reqs} == {"rt", "be"}
     assert any(r.predicted_output_tokens != r.output_tokens for r in reqs)
     res = run_scenario(scn)
-    assert res.summary["completed"] == 50
+    long = sum(r.prompt_tokens + r.output_tokens > 4096 for r in reqs)     # Llama-2-7B's context: rejected
+    assert res.summary["completed"] == 50 - long and res.summary["infeasible"] == long
     assert "slo_attainment_rt" in res.summary and "slo_attainment_be" in res.summary
 
 
@@ -126,7 +127,11 @@ def test_example_azure_conv_replays_the_trace(shared_data):
     assert scn.slos()["default"].ttft_s == 1.0
     short = load_scenario(REPO_ROOT / "examples/azure-conv.yaml", ["workload.max_requests=200"])
     res = run_scenario(short)
-    assert res.summary["completed"] == 200
+    # prompts + outputs beyond Llama-2-7B's 4,096-token context are rejected, as vLLM rejects them
+    too_long = int((df.prompt_tokens.iloc[:200] + df.output_tokens.iloc[:200] > 4096).sum())
+    assert too_long > 0 and res.summary["completed"] == 200 - too_long
+    assert list(res.meta["infeasible_reasons"]) == ["prompt + output tokens exceed max_model_len = 4096 "
+                                                     "(rejected, as vLLM does)"]
 
 
 def test_cli_trace_stats_and_make_roundtrip(shared_data, tmp_path, capsys):

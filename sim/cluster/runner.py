@@ -8,6 +8,14 @@ from sim.scenario.build import build_simulation
 from sim.scenario.config import Scenario
 
 
+def infeasible_counts(requests) -> dict:
+    """How many requests were not run, by reason (reasons name limits, never a request's own lengths)."""
+    out: dict = {}
+    for r in requests:
+        out[r.reason] = out.get(r.reason, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     """Run one scenario. `observe(sim)`, if given, is called on the built simulation before it runs and returns
     something with close() (the CLI's progress bar, sim.study.progress.attach_run_progress)."""
@@ -19,6 +27,6 @@ def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
         watcher.close()
     res.meta.update(scenario=scn.name, policy=scn.policy.get("name"), M=sim.memory.capacity_tokens,
                     wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
-                    infeasible_reasons=sorted({r.reason for r in sim.infeasible}))
+                    infeasible_reasons=infeasible_counts(sim.infeasible))
     res.summary["wall_s"] = res.meta["wall_s"]
     return res

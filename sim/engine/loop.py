@@ -47,9 +47,10 @@ class Simulation:
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, max_model_len: int = 0):
         self.policy = policy
         self.costmodel = costmodel
+        policy.prepare(costmodel)
         memory = build_layout(memory, costmodel, policy.kv_layout(memory, costmodel))   # a policy's own KV layout
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
@@ -61,7 +62,14 @@ class Simulation:
         self.infeasible = []
         feasible = []
         for r in self.all_requests:
-            why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
+            if max_model_len and r.prompt_tokens + r.output_tokens > max_model_len:
+                # the serving front end refuses it before the engine sees it (vLLM: HTTP 400)
+                why = f"prompt + output tokens exceed max_model_len = {max_model_len} (rejected, as vLLM does)"
+            else:
+                why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
+            if not why and memory.watermark_blocks and (memory.blocks_for(policy.admission_tokens(r))
+                                                         > memory.total_blocks - memory.watermark_blocks):
+                why = "its admission needs more KV than capacity minus the admission watermark"
             if why:
                 r.state, r.reason = INFEASIBLE, why
                 self.infeasible.append(r)

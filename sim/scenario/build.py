@@ -70,11 +70,12 @@ def build_memory(scn: Scenario, model, policy, M: int):
     if mem.cpu_offload_gib and not caching:
         raise UserError("memory.cpu_offload_gib: the CPU tier sits behind the prefix cache; "
                         "set memory.prefix_caching: true")
+    watermark = policy.watermark_default() if mem.watermark is None else mem.watermark
     if caching:
         from sim.kv.prefix_cache import PrefixCachingKVManager
         cpu_blocks = int(mem.cpu_offload_gib * GiB // (kv_per_token * mem.block_size))
-        return PrefixCachingKVManager(M, mem.block_size, mem.watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
-    return KVCacheManager(M, mem.block_size, mem.watermark, swap_tokens)
+        return PrefixCachingKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
+    return KVCacheManager(M, mem.block_size, watermark, swap_tokens)
 
 
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
@@ -95,6 +96,7 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     s = scn.sim
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
-                     record_iterations=s.record_iterations, fast_forward=s.fast_forward)
+                     record_iterations=s.record_iterations, fast_forward=s.fast_forward,
+                     max_model_len=scn.model.max_model_len or model.max_context)
     sim.slos = scn.slos()
     return sim

@@ -15,8 +15,9 @@ from sim.metrics import SLO
 
 @dataclass
 class ModelSection:
-    """Which model (a name in costmodels.MODELS)."""
+    """Which model (a name in costmodels.MODELS) and the serving limit on prompt + output tokens."""
     name: str = "llama-2-7b"
+    max_model_len: typing.Optional[int] = None   # null: the model's context length; longer requests are rejected
 
 
 @dataclass
@@ -33,7 +34,7 @@ class MemorySection:
     """KV memory. M (tokens) given directly, or derived from the GPU when null."""
     M: typing.Optional[int] = None
     block_size: int = 16
-    watermark: float = 0.0
+    watermark: typing.Optional[float] = None     # admission watermark (fraction of blocks); null: the policy's engine
     swap_space_gib: float = 4.0
     activation_reserve_gib: float = 0.0
     kv_dtype: typing.Optional[str] = None
@@ -173,6 +174,7 @@ def apply_overrides(raw: dict, overrides) -> dict:
 # workload) check their own keys and values where they are built.
 _RANGES = (
     ("", "seed", lambda v: v >= 0, "an integer >= 0"),
+    ("model", "max_model_len", lambda v: v is None or v >= 1, "an integer >= 1 (or null: the model's context)"),
     ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
