@@ -39,6 +39,60 @@ class BatchShape:
 DEQUANT_MODES = ("fused", "separate")
 
 
+@dataclass
+class Overheads:
+    """CPU time a real engine spends besides the GPU's, as a client measures it.
+
+    step_s + per_seq_s · (sequences in the batch) is added to every iteration: scheduling, preparing inputs,
+    launching the step, processing outputs (detokenising, stop checks) that the engine does not overlap with the
+    GPU. frontend_s is added to each request's TTFT and end-to-end latency: HTTP handling, tokenisation, queueing
+    into the engine and streaming the first token back. Zero by default (InferMax's model has none); the `vllm`
+    preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
+    step_s: float = 0.0
+    per_seq_s: float = 0.0
+    frontend_s: float = 0.0
+    provenance: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec, where: str = "costmodel.overheads") -> "Overheads":
+        """None or 'none': zeros; a preset name from profiles/overheads.yaml; or a mapping (preset plus overrides)."""
+        if spec is None or spec == "none":
+            return cls()
+        if isinstance(spec, str):
+            spec = {"preset": spec}
+        if not isinstance(spec, dict):
+            raise UserError(f"{where}: expected a preset name or a mapping of step_s, per_seq_s, frontend_s")
+        spec = dict(spec)
+        base = {}
+        prov = {}
+        if "preset" in spec:
+            name = spec.pop("preset")
+            presets = overhead_presets()
+            if name not in presets:
+                raise UserError(f"{where}.preset: unknown preset {name!r}; allowed: none, {', '.join(sorted(presets))}")
+            base = {k: presets[name][k] for k in ("step_s", "per_seq_s", "frontend_s") if k in presets[name]}
+            prov = dict(presets[name].get("provenance", {}), preset=name)
+        bad = set(spec) - {"step_s", "per_seq_s", "frontend_s"}
+        if bad:
+            raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: preset, step_s, per_seq_s, "
+                            "frontend_s")
+        base.update(spec)
+        for k, v in base.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < 10):
+                raise UserError(f"{where}.{k}: must be a number of seconds in [0, 10), got {v!r}")
+        return cls(**{k: float(v) for k, v in base.items()}, provenance=prov)
+
+
+def overhead_presets() -> dict:
+    from pathlib import Path
+
+    import yaml
+    path = Path(__file__).resolve().parent.parent / "profiles" / "overheads.yaml"
+    if not path.exists():
+        return {}
+    return (yaml.safe_load(path.read_text()) or {}).get("presets", {})
+
+
 class CostModel:
     """Predicts GPU time of one batch. Subclasses follow scikit-learn's contract: knobs in __init__,
     `fit(...)` where it applies, and `batch_time(shape)` as the prediction."""
@@ -52,7 +106,7 @@ class CostModel:
     dequant = "fused"              # INT8 KV dequantization: fused into attention, or a separate pass (DEQUANT_MODES)
 
     def __init__(self, model=None, gpu=None, kv_bytes_per_token: float | None = None, tp: int = 1,
-                 kv_dtype: str | None = None):
+                 kv_dtype: str | None = None, overheads=None):
         self.model = model
         self.gpu = gpu
         self.tp = tp
@@ -60,6 +114,36 @@ class CostModel:
         if kv_bytes_per_token is None and model is not None:
             kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype, tp)
         self.kv_bytes_per_token = kv_bytes_per_token or 0.0
+        self.set_overheads(overheads)
+
+    def set_overheads(self, overheads) -> None:
+        """CPU and front-end overheads (Overheads, a preset name, a mapping, or None for none)."""
+        self.overheads = overheads if isinstance(overheads, Overheads) else Overheads.from_spec(overheads)
+        o = self.overheads
+        self._cpu = (o.step_s, o.per_seq_s)
+
+    def cpu_time(self, n_seqs: int) -> float:
+        """CPU seconds one iteration adds (0 with no overheads)."""
+        a, b = self._cpu
+        return a + b * n_seqs if (a or b) else 0.0
+
+    def cpu_times(self, n_seqs):
+        """cpu_time for an array of sequence counts, the same floats element by element."""
+        import numpy as np
+        a, b = self._cpu
+        n = np.asarray(n_seqs, dtype=float)
+        return a + b * n if (a or b) else np.zeros_like(n)
+
+    def describe(self) -> str:
+        """One line naming the model a run used (the run summary prints it)."""
+        what = {"linear": "linear (InferMax features)", "roofline": "roofline v2", "profiled": "profiled"}.get(
+            self.kind, self.kind)
+        pair = f"{self.model.name} on {self.gpu.name}, tp={self.tp}" if self.model is not None and self.gpu is not None \
+            else "no catalog pair"
+        o = getattr(self, "overheads", None)
+        over = f"; overheads {o.provenance.get('preset', 'custom')}" if o is not None and (o.step_s or o.per_seq_s or
+                                                                                          o.frontend_s) else ""
+        return f"{what} ({pair}){over}"
 
     def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface
         raise NotImplementedError

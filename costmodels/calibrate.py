@@ -1,4 +1,12 @@
-"""Fit any cost-model kind to kernel-timing tables and measure it on held-out configurations."""
+"""Fit any cost-model kind to kernel-timing tables and measure it on data it was not fitted on.
+
+Held-out data comes two ways: contiguous blocks (token counts for the dense operators, context lengths for decode
+attention, chunk-and-context pairs for prefill attention; a quarter of the blocks held out), and extrapolation
+(fit on up to 1,024 tokens, test above). Errors are reported per operator, for the sum of the non-attention
+operators, for a whole iteration's non-attention time (layers × sum + embedding), and for whole mixed batches.
+
+Fits are time-weighted: the dense operators are fitted on the relative error of their per-iteration sum (a large
+GEMM's error counts more than a tiny elementwise kernel's), attention on each timed operator's relative error."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -9,37 +17,89 @@ import pandas as pd
 
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
-from costmodels.operators import CLASSES, LAYER_OPS, OP_CLASS, Shard, decode_attn_work, dense_work, prefill_attn_work
-from costmodels.profile_data import config_key, parse_decode, parse_prefill, row_shape
+from costmodels.operators import GEMM_SHAPES, LAYER_OPS, Shard, dense_work, gemm_dims
+from costmodels.profile_data import parse_decode, parse_prefill
 
 KINDS = ("linear", "roofline", "profiled")
-GROUPS = ("other", "attn_prefill", "attn_decode", "emb")
+DENSE_OPS = LAYER_OPS + ("emb",)
+# Decode attention over short contexts is partly served from L2 (40-50 MB on A100/H100), so its bytes may move
+# faster than HBM's datasheet peak: the fit may take the bandwidth fraction up to this.
+MAX_DECODE_EFF = 1.5
 
 
 # -- splitting --------------------------------------------------------------------------------------------
+def _blocks(keys, n_blocks, test_frac, rng):
+    """Contiguous blocks of sorted distinct keys; a random quarter (test_frac) of the blocks is held out."""
+    uniq = np.unique(keys)
+    blocks = np.array_split(uniq, min(n_blocks, len(uniq)))
+    k = max(1, int(round(len(blocks) * test_frac))) if len(blocks) > 1 else 0
+    held = rng.choice(len(blocks), size=k, replace=False) if k else []
+    test_keys = set(np.concatenate([blocks[i] for i in held]).tolist()) if k else set()
+    return np.array([x in test_keys for x in keys])
+
+
+def split_contiguous(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0, n_blocks: int = 8):
+    """(train, test): contiguous blocks of token counts (dense ops, all tensor-parallel degrees and operators at a
+    count move together), of decode contexts, of prefill (chunk, context) pairs."""
+    rng = np.random.default_rng(seed)
+    te = np.zeros(len(table), dtype=bool)
+    op = table["op"].to_numpy()
+    dense = np.isin(op, DENSE_OPS)
+    if dense.any():
+        te[dense] = _blocks(table["num_tokens"].to_numpy()[dense], n_blocks, test_frac, rng)
+    dec = op == "attn_decode"
+    if dec.any():
+        ctx = np.array([max(parse_decode(s)) for s in table["decode"].to_numpy()[dec]])
+        te[dec] = _blocks(ctx, n_blocks, test_frac, rng)
+    pre = op == "attn_prefill"
+    if pre.any():
+        pairs = [parse_prefill(s) for s in table["prefill"].to_numpy()[pre]]
+        key = np.array([max(c) * 100_000 + max(k) for c, k in pairs])      # sorted by chunk, then context
+        te[pre] = _blocks(key, n_blocks, test_frac, rng)
+    lf = op == "layer_forward"     # whole-layer forwards are validation only
+    te |= lf
+    return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
+
+
+def split_extrapolation(table: pd.DataFrame, limit: int = 1024):
+    """(train, test): fit on configurations of at most `limit` tokens (dense: batch tokens; decode: context;
+    prefill: chunk + context), test on the larger ones."""
+    size = []
+    for op, n, pf, dc in zip(table["op"], table["num_tokens"], table["prefill"], table["decode"]):
+        if op == "attn_decode":
+            size.append(max(parse_decode(dc)))
+        elif op == "attn_prefill":
+            c, k = parse_prefill(pf)
+            size.append(max(a + b for a, b in zip(c, k)))
+        else:
+            size.append(int(n))
+    te = np.asarray(size) > limit
+    return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
+
+
+# Kept for callers of the first version: a random split of configurations.
 def split_by_config(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0):
-    """Random split of distinct configurations (all ops at one token count move together), fixed seed."""
+    from costmodels.profile_data import config_key
     keys = table.apply(config_key, axis=1)
     uniq = np.unique(keys)
     rng = np.random.default_rng(seed)
     test = set(rng.choice(uniq, size=max(1, int(round(len(uniq) * test_frac))), replace=False).tolist())
-    te = keys.isin(test).to_numpy()
-    layer_rows = (table["op"] == "layer_forward").to_numpy()
-    # Whole-layer forwards are validation only: never fitted, always in the held-out set.
-    return table[~te & ~layer_rows].reset_index(drop=True), table[te | layer_rows].reset_index(drop=True)
+    te = keys.isin(test).to_numpy() | (table["op"] == "layer_forward").to_numpy()
+    return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
 
 
-# -- fitting each kind ------------------------------------------------------------------------------------
-def fit(kind: str, table: pd.DataFrame, model, gpu, tp: int = 1):
+# -- fitting ------------------------------------------------------------------------------------------------
+def fit(kind: str, table: pd.DataFrame, model, gpu, tp: int = 1, base=None):
+    """Fit `kind` to the rows (layer_forward rows are never fitted). `base`: a roofline to take what the rows
+    do not time from (profiled: attention if absent; linear: attention if absent)."""
     if kind not in KINDS:
         raise UserError(f"--kind: {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
-    fit_rows = table[table["op"] != "layer_forward"]
+    rows = table[table["op"] != "layer_forward"]
     if kind == "profiled":
-        from costmodels.profiled import ProfiledCostModel
-        return ProfiledCostModel.fit(fit_rows, layers=model.layers, model=model, gpu=gpu, tp=tp)
+        return fit_profiled(rows, model, gpu, tp)
     if kind == "linear":
-        return fit_linear(fit_rows, model, gpu, tp)
-    return fit_roofline(fit_rows, model, gpu, tp)
+        return fit_linear(rows, model, gpu, tp)
+    return fit_roofline(rows, model, gpu)
 
 
 def _need(table, ops, kind):
@@ -48,28 +108,212 @@ def _need(table, ops, kind):
         raise UserError(f"profile: fitting a {kind} model needs rows for op(s) {', '.join(missing)}")
 
 
+def _dense_rows(table, model):
+    d = table[table["op"].isin(DENSE_OPS)].copy()
+    if "tp" not in d:
+        d["tp"] = 1
+    return d
+
+
+def dense_arrays(d: pd.DataFrame, model):
+    """Per row: is it a GEMM, FLOPs, bytes, rows M; and the (tp, tokens) group it belongs to."""
+    shards = {tp: Shard.of(model, int(tp)) for tp in d["tp"].unique()}
+    gemm, F, B, M = [], [], [], []
+    for op, n, tp in zip(d["op"], d["num_tokens"], d["tp"]):
+        f, b = dense_work(shards[tp], op, n)
+        gemm.append(op in GEMM_SHAPES)
+        F.append(float(f))
+        B.append(float(b))
+        M.append(float(n))
+    return np.array(gemm), np.array(F), np.array(B), np.array(M)
+
+
+def _dense_pred(theta, gemm, F, B, M, gpu, peak):
+    ec, mh, em, ov, eel, oel = theta
+    t_g = np.maximum(F * (M + mh) / np.maximum(M, 1e-12) / (peak * ec), B / (gpu.hbm_bytes_per_s * em)) + ov
+    t_e = B / (gpu.hbm_bytes_per_s * eel) + oel
+    return np.where(gemm, t_g, t_e)
+
+
+def fit_dense_params(table, model, gpu) -> dict:
+    """GEMM and elementwise parameters on the per-iteration relative error of the non-attention sum."""
+    from scipy.optimize import least_squares
+    from costmodels.roofline import PARAMS
+    d = _dense_rows(table, model)
+    if d.empty:
+        raise UserError("profile: fitting a roofline model needs non-attention operator rows (mlp.csv)")
+    gemm, F, B, M = dense_arrays(d, model)
+    y = d["time_ms"].to_numpy(float) * 1e-3
+    mult = np.where(d["op"].to_numpy() == "emb", 1.0, model.layers)
+    codes, _ = pd.factorize(d["tp"].astype(str) + "|" + d["num_tokens"].astype(str))
+    Y = np.bincount(codes, weights=y * mult)
+    peak = gpu.fp8_flops if (model.dtype == "fp8" and gpu.fp8_flops) else gpu.peak_flops
+    names = ("gemm_compute_eff", "gemm_m_half", "gemm_memory_eff", "gemm_overhead_s", "elementwise_memory_eff",
+             "elementwise_overhead_s")
+    lo = np.array([PARAMS[k][1][0] for k in names])
+    hi = np.array([PARAMS[k][1][1] for k in names])
+    scale = np.array([1.0, 100.0, 1.0, 1e-5, 1.0, 1e-5])
+
+    def resid(z):
+        P = np.bincount(codes, weights=_dense_pred(z * scale, gemm, F, B, M, gpu, peak) * mult)
+        return (P - Y) / Y
+    x0 = np.clip(np.array([0.7, 64.0, 0.8, 5e-6, 0.6, 3e-6]), lo, hi) / scale
+    r = least_squares(resid, x0, bounds=(lo / scale, hi / scale))
+    return dict(zip(names, (r.x * scale).tolist()))
+
+
+def fit_decode(table, model, gpu, tp: int = 1):
+    """Decode attention: Σ(m + 1)·c·(1 + b_half/b)^γ + ψ·b + c0 per layer, every coefficient >= 0 and γ <= 1 (so
+    more requests never take less time), relative error per timed row. Returns (c, b_half, ψ, c0, γ), seconds."""
+    from scipy.optimize import least_squares
+    dec = table[table["op"] == "attn_decode"]
+    if dec.empty:
+        return None
+    ctx = [parse_decode(s) for s in dec["decode"]]
+    b = np.array([len(c) for c in ctx], dtype=float)
+    K = np.array([sum(c) for c in ctx], dtype=float)
+    y = dec["time_ms"].to_numpy(float) * 1e-3
+    s = Shard.of(model, tp)
+    kv_token = 2.0 * (s.mla_latent / 2 if s.mla_latent else s.kv_width) * s.kv_bytes
+    c_ideal = kv_token / gpu.hbm_bytes_per_s
+    scale = np.array([c_ideal, 1.0, 1e-6, 1e-6, 1.0])
+
+    def resid(z):
+        c, bh, psi, c0, g = z * scale
+        return (K * c * (1.0 + bh / b) ** g + psi * b + c0 - y) / y
+    r = least_squares(resid, [1.1, 2.0, 1.0, 5.0, 0.5],
+                      bounds=([1.0 / MAX_DECODE_EFF, 0.0, 0.0, 0.0, 0.0], [20.0, 1024.0, 100.0, 1000.0, 1.0]))
+    c, bh, psi, c0, g = (r.x * scale).tolist()
+    return c, bh, psi, c0, g
+
+
+def fit_prefill(table):
+    """Prefill attention: non-negative least squares of time on Σck, Σc², Σc, Σk, n (relative error)."""
+    from scipy.optimize import nnls
+    pre = table[table["op"] == "attn_prefill"]
+    if pre.empty:
+        return None
+    X = []
+    for pf in pre["prefill"]:
+        c, k = (np.asarray(v, dtype=float) for v in parse_prefill(pf))
+        X.append([np.sum(c * k), np.sum(c * c), np.sum(c), np.sum(k), len(c)])
+    X = np.array(X)
+    y = pre["time_ms"].to_numpy(float) * 1e-3
+    w = 1.0 / y
+    col = X.max(axis=0)
+    col[col == 0] = 1.0
+    coef, _ = nnls(X / col * w[:, None], y * w)
+    return tuple((coef / col).tolist())
+
+
+def fit_roofline(table, model, gpu):
+    """Roofline v2's efficiencies on per-operator rows: dense ops time-weighted, decode and prefill attention as
+    timed; attention rows missing: the shipped efficiencies stay."""
+    from costmodels.roofline import RooflineCostModel, load_efficiencies, DEFAULT_PARAMS, PARAMS
+    params = {**DEFAULT_PARAMS, **load_efficiencies(gpu.family)[0]}
+    if table["op"].isin(DENSE_OPS).any():
+        params.update(fit_dense_params(table, model, gpu))
+    s = Shard.of(model, 1)
+    dec = fit_decode(table, model, gpu)
+    if dec is not None:
+        c, bh, psi, c0, g = dec
+        params["decode_batch_exp"] = g
+        kv_token = 2.0 * (s.mla_latent / 2 if s.mla_latent else s.kv_width) * s.kv_bytes
+        params["decode_memory_eff"] = min(MAX_DECODE_EFF, kv_token / (gpu.hbm_bytes_per_s * c))
+        params["decode_batch_half"] = bh
+        params["decode_per_seq_s"] = max(0.0, psi - 2.0 * s.q_width * s.act_bytes /
+                                         (gpu.hbm_bytes_per_s * params["decode_memory_eff"]))
+        params["decode_fixed_s"] = c0
+    pre = fit_prefill(table)
+    if pre is not None:
+        a_ck, a_cc, a_c, a_k, a_1 = pre
+        kv_token = 2.0 * s.kv_width * s.kv_bytes
+        chunk_bytes = 2.0 * s.q_width * s.act_bytes + 2.0 * kv_token
+
+        def eff(num, a, key):
+            lo, hi = PARAMS[key][1]
+            return float(np.clip(num / a, lo, hi)) if a > 0 else hi
+        params["prefill_ck_eff"] = eff(4.0 * s.q_width / gpu.peak_flops, a_ck, "prefill_ck_eff")
+        params["prefill_cc_eff"] = eff(2.0 * s.q_width / gpu.peak_flops, a_cc, "prefill_cc_eff")
+        params["prefill_token_eff"] = eff(chunk_bytes / gpu.hbm_bytes_per_s, a_c, "prefill_token_eff")
+        params["prefill_context_eff"] = eff(kv_token / gpu.hbm_bytes_per_s, a_k, "prefill_context_eff")
+        params["prefill_per_seq_s"] = float(np.clip(a_1, *PARAMS["prefill_per_seq_s"][1]))
+    params = {k: float(np.clip(v, *PARAMS[k][1])) for k, v in params.items()}
+    return RooflineCostModel(model, gpu, params=params)
+
+
+def fit_profiled(table, model, gpu, tp: int = 1, base=None):
+    """The pair's measured dense tables (every tensor-parallel degree present), embedding, and constrained
+    attention fits; attention the rows lack comes from roofline v2 for the GPU."""
+    from costmodels.profiled import ProfiledCostModel
+    from costmodels.roofline import RooflineCostModel
+    d = _dense_rows(table, model)
+    _need(d, LAYER_OPS, "profiled")
+    dense = {}
+    for t, g in d[d["op"].isin(LAYER_OPS)].groupby("tp"):
+        per = g.groupby(["num_tokens", "op"])["time_ms"].median().unstack("op").dropna()
+        if set(LAYER_OPS) <= set(per.columns):
+            s = per[list(LAYER_OPS)].sum(axis=1)
+            dense[int(t)] = {"tokens": s.index.to_numpy(int).tolist(), "layer_ms": s.to_numpy(float).tolist()}
+    emb = d[(d["op"] == "emb") & (d["tp"] == min(dense))].groupby("num_tokens")["time_ms"].median()
+    emb_fit = {"tokens": emb.index.to_numpy(int).tolist(), "ms": emb.to_numpy(float).tolist()} if len(emb) > 1 else None
+    base = base or RooflineCostModel(model, gpu, tp=1)
+    dec = fit_decode(table, model, gpu)
+    pre = fit_prefill(table)
+    if dec is None:
+        c = base._dec
+        dec = (c[0], c[1], c[2], c[3], c[4])
+    if pre is None:
+        pre = tuple(base._pre)
+    return ProfiledCostModel(dense, dict(zip(("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp"),
+                                             dec)),
+                             dict(zip(("ck_s", "c2_s", "c_s", "k_s", "per_seq_s"), pre)), model, gpu,
+                             tp=tp if tp in dense else min(dense), emb=emb_fit, profiled_tp=1)
+
+
 def fit_linear(table, model, gpu, tp=1):
-    """InferMax features on the harness table: the same terms and NNLS on relative error as
-    LinearCostModel.fit_vidur, from any profile format."""
+    """InferMax's features, non-negative least squares on relative error. Terms the rows do not time (attention,
+    for a profile of the non-attention operators only) come from roofline v2 for the GPU, turned into the same
+    features, and the provenance says so."""
     from costmodels.linear import LinearCostModel, _nnls_rel
-    _need(table, LAYER_OPS + ("attn_prefill", "attn_decode"), "linear")
-    other = other_sum(table)
+    from costmodels.roofline import RooflineCostModel
+    _need(table, LAYER_OPS, "linear")
+    d = table[table["tp"] == tp] if "tp" in table else table
+    other = other_sum(d)
     n = other.index.to_numpy(float)
     a_o, b_o = _nnls_rel(np.c_[n, np.ones_like(n)], other.to_numpy(float))
     step_a = step_b = 0.0
-    emb = table[table["op"] == "emb"]
+    emb = d[d["op"] == "emb"]
     if len(emb):
         ne = emb["num_tokens"].to_numpy(float)
         step_a, step_b = _nnls_rel(np.c_[ne, np.ones_like(ne)], emb["time_ms"].to_numpy(float))
+    notes = []
     pre = table[table["op"] == "attn_prefill"]
-    P = np.array([_prefill_feats(s) for s in pre["prefill"]])
-    a_p, a_pk, a_pr, s_p, b_p = _nnls_rel(P, pre["time_ms"].to_numpy(float))
     dec = table[table["op"] == "attn_decode"]
-    D = np.array([[sum(m), len(m), 1.0] for m in map(parse_decode, dec["decode"])])
-    a_d, s_d, b_d = _nnls_rel(D, dec["time_ms"].to_numpy(float))
+    base = None
+    if pre.empty or dec.empty:
+        base = RooflineCostModel(model, gpu, tp=tp)
+    if len(pre):
+        P = np.array([_prefill_feats(s) for s in pre["prefill"]])
+        a_p, a_pk, a_pr, s_p, b_p = _nnls_rel(P, pre["time_ms"].to_numpy(float))
+    else:       # the roofline's prefill attention per layer, in ms: Σck, Σc² terms; Σc folds into a_o
+        a = [v * 1e3 for v in base._pre]
+        a_pk, a_p, a_pr, s_p, b_p = a[0], a[1], a[3], a[4], 0.0
+        a_o += a[2]
+        notes.append("prefill attention from roofline v2 (the profile has no attn_prefill rows)")
+    if len(dec):
+        D = np.array([[sum(m), len(m), 1.0] for m in map(parse_decode, dec["decode"])])
+        a_d, s_d, b_d = _nnls_rel(D, dec["time_ms"].to_numpy(float))
+    else:       # the roofline's decode attention at a batch of 32, linearised in Σ(m + 1) and batch
+        c = base._dec
+        a_d = c[0] * base._occupancy(32) * 1e3
+        s_d, b_d = c[2] * 1e3, c[3] * 1e3
+        notes.append("decode attention from roofline v2 at batch 32 (the profile has no attn_decode rows)")
     coeffs = dict(a_o=a_o, b_o=b_o, a_p=a_p, a_pk=a_pk, a_pr=a_pr, s_p=s_p, b_p=b_p, a_d=a_d, s_d=s_d, b_d=b_d,
                   step_a=step_a, step_b=step_b)
-    return LinearCostModel(coeffs, layers=model.layers, model=model, gpu=gpu, tp=tp)
+    lm = LinearCostModel(coeffs, layers=model.layers, model=model, gpu=gpu, tp=tp)
+    lm.provenance = {"notes": notes} if notes else {}
+    return lm
 
 
 def other_sum(table) -> pd.Series:
@@ -84,122 +328,126 @@ def _prefill_feats(s):
     return [np.sum(c * c), np.sum(c * k), np.sum(k), len(c), 1.0]
 
 
-def fit_roofline(table, model, gpu, tp=1):
-    """Fit the roofline's efficiencies and launch overhead to per-operator times (least squares on log
-    ratio). `emb` is left out: profiled embedding kernels are not shaped like a roofline."""
-    from scipy.optimize import least_squares
-    from costmodels.roofline import DEFAULT_COMPUTE_EFF, DEFAULT_MEMORY_EFF, RooflineCostModel
-    rows = table[table["op"].isin(LAYER_OPS + ("attn_prefill", "attn_decode"))]
-    if rows.empty:
-        raise UserError("profile: fitting a roofline model needs per-operator rows")
-    F, B, cls = _work_arrays(rows, Shard.of(model, tp))
-    y = rows["time_ms"].to_numpy(float) * 1e-3
-    ci = np.array([CLASSES.index(c) for c in cls])
-    ec0 = np.array([DEFAULT_COMPUTE_EFF[c] for c in CLASSES])
-    em0 = np.array([DEFAULT_MEMORY_EFF[c] for c in CLASSES])
-    # Only the roof each class can physically hit is fitted: elementwise kernels and decode attention are
-    # bandwidth-bound, so their compute efficiencies stay at the defaults (free, they fit noise).
-    fc = [CLASSES.index(c) for c in ("gemm", "attn_prefill")]
-    k = len(CLASSES)
-
-    def effs(theta):
-        ec, em = ec0.copy(), np.exp(theta[len(fc):len(fc) + k])
-        ec[fc] = np.exp(theta[:len(fc)])
-        return ec, em, theta[-1]
-
-    def pred(theta):
-        ec, em, launch = effs(theta)
-        return np.maximum(F / (gpu.peak_flops * ec[ci]), B / (gpu.hbm_bytes_per_s * em[ci])) + launch
-
-    x0 = np.r_[np.log(ec0[fc]), np.log(em0), 4e-6]
-    nfree = len(fc) + k
-    lo = np.r_[np.full(nfree, np.log(1e-6)), 0.0]    # low bound so CPU profiles against GPU datasheets still fit
-    hi = np.r_[np.zeros(nfree), 1e-2]
-    res = least_squares(lambda th: np.log(pred(th) / y), x0, bounds=(lo, hi), x_scale=np.r_[np.ones(nfree), 1e-6])
-    ec, em, launch = effs(res.x)
-    return RooflineCostModel(model, gpu, tp=tp, compute_eff=dict(zip(CLASSES, ec)), memory_eff=dict(zip(CLASSES, em)),
-                             launch_s=float(launch))
-
-
-def _work_arrays(rows, shard):
-    F, B, cls = np.zeros(len(rows)), np.zeros(len(rows)), []
-    for i, (op, n, pf, dc) in enumerate(zip(rows["op"], rows["num_tokens"], rows["prefill"], rows["decode"])):
-        if op == "attn_prefill":
-            F[i], B[i] = prefill_attn_work(shard, *parse_prefill(pf))
-        elif op == "attn_decode":
-            F[i], B[i] = decode_attn_work(shard, parse_decode(dc))
+# -- predictions ----------------------------------------------------------------------------------------------
+def _at_tp(cm, tp: int):
+    """The same fitted model for another tensor-parallel degree (profile rows of several degrees)."""
+    if tp == cm.tp:
+        return cm
+    cache = cm.__dict__.setdefault("_tp_variants", {})
+    if tp not in cache:
+        if cm.kind == "linear":
+            cache[tp] = None
+        elif cm.kind == "profiled":
+            from costmodels.profiled import ProfiledCostModel
+            cache[tp] = (ProfiledCostModel(cm.dense_tables, cm.decode_fit, cm.prefill_fit, cm.model, cm.gpu, tp=tp,
+                                           emb=cm.emb_fit, profiled_tp=cm.profiled_tp)
+                         if tp in cm.dense_tables else None)
         else:
-            F[i], B[i] = dense_work(shard, op, n)
-        cls.append(OP_CLASS[op])
-    return F, B, cls
+            from costmodels.roofline import RooflineCostModel
+            cache[tp] = RooflineCostModel(cm.model, cm.gpu, tp=tp, params=cm.params)
+    return cache[tp]
 
 
-# -- predictions by operator group ------------------------------------------------------------------------
 def predict_groups(cm, shape: BatchShape) -> dict:
-    """Seconds per layer for 'other' (all non-attention layer ops), 'attn_prefill', 'attn_decode'; 'emb' per
-    iteration. The common ground on which every kind is compared with measurements."""
+    """Seconds per layer for 'other' (all non-attention layer ops, no all-reduce), 'attn_prefill', 'attn_decode';
+    'emb' per iteration. The common ground on which every kind is compared with measurements."""
+    pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+    n = sum(pt) + len(dc)
     if cm.kind == "linear":
         k, L = cm.coefficients, 1e-3
-        pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
-        n = sum(pt) + len(dc)
         pre = (k["a_p"] * sum(c * c for c in pt) + k["a_pk"] * sum(c * x for c, x in zip(pt, pc)) + k["a_pr"] * sum(pc)
                + k["s_p"] * len(pt) + k["b_p"]) if pt else 0.0
         dec = (k["a_d"] * sum(dc) + k["s_d"] * len(dc) + k["b_d"]) if dc else 0.0
         return {"other": (k["a_o"] * n + k["b_o"]) * L, "attn_prefill": pre * L, "attn_decode": dec * L,
                 "emb": (k["step_a"] * n + k["step_b"]) * L}
-    t = cm.op_times(shape)
-    return {"other": sum(t[op] for op in LAYER_OPS), "attn_prefill": t["attn_prefill"],
-            "attn_decode": t["attn_decode"], "emb": t.get("emb", 0.0)}
+    other = float(cm.dense_ops_time(n))       # profiles time the operators, not the all-reduces between them
+    return {"other": other, "attn_prefill": cm.prefill_attn_time(pt, pc), "attn_decode": cm.decode_attn_time(dc),
+            "emb": float(cm.emb_time(n))}
 
 
-def predict_op(cm, row) -> float | None:
+def predict_op(cm, row):
     """Seconds the model gives the operator a profile row timed; None where the kind has no such operator."""
+    from costmodels.profile_data import row_shape
+    m = _at_tp(cm, int(row.get("tp", 1)))
+    if m is None:
+        return None
     shape = row_shape(row)
-    if row["op"] == "layer_forward":
-        g = predict_groups(cm, shape)
+    op = row["op"]
+    if op == "layer_forward":
+        g = predict_groups(m, shape)
         return g["other"] + g["attn_prefill"] + g["attn_decode"]
-    if cm.kind == "linear":
-        return predict_groups(cm, shape)[row["op"]] if row["op"] in GROUPS[1:] else None
-    return cm.op_times(shape).get(row["op"])
+    if m.kind == "linear":
+        return predict_groups(m, shape)[op] if op in ("attn_prefill", "attn_decode", "emb") else None
+    if op in ("attn_prefill", "attn_decode"):
+        return predict_groups(m, shape)[op]
+    if op == "emb":
+        return float(m.emb_time(shape.num_tokens))
+    if m.kind == "profiled":
+        return None          # the profiled model keeps the operators' sum, not each operator
+    return float(m.dense_op_time(op, shape.num_tokens))
 
 
 # -- held-out errors --------------------------------------------------------------------------------------
 def _err_row(name, y, p):
-    ape = np.abs(np.asarray(p) - np.asarray(y)) / np.asarray(y)
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    ape = np.abs(p - y) / y
     return {"what": name, "n": int(len(ape)), "mape_pct": 100 * float(np.mean(ape)),
             "p90_ape_pct": 100 * float(np.quantile(ape, 0.9)), "max_ape_pct": 100 * float(np.max(ape)),
-            "bias_pct": 100 * float(np.median(np.asarray(p) / np.asarray(y) - 1))}
+            "bias_pct": 100 * float(np.median(p / y - 1))}
 
 
 def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None, n_mixed: int = 300, seed: int = 0):
-    """Per-operator errors, per-group errors ('other' = Σ non-attention ops at one token count), and whole
-    iterations: measured layer_forward rows if the profile has them, else a grid of mixed batches composed
-    from held-out attention rows plus the measured non-attention ops at the batch's token count."""
+    """Per-operator errors; 'other' = Σ non-attention ops per layer at one token count; 'iteration non-attention'
+    = layers × other + embedding (the whole iteration without attention); decode batches of at most 8 requests;
+    and whole iterations: measured layer_forward rows if the profile has them, else mixed batches composed from
+    held-out attention rows plus the measured non-attention ops at the batch's token count."""
     rows = []
     for op, g in test[test["op"] != "layer_forward"].groupby("op", sort=False):
         pairs = [(y, predict_op(cm, r)) for y, (_, r) in zip(g["time_ms"] * 1e-3, g.iterrows())]
         pairs = [(y, p) for y, p in pairs if p is not None]
         if pairs:
             rows.append(_err_row(op, *zip(*pairs)))
-    other = other_sum(test) * 1e-3
-    if len(other):
-        pred = [predict_groups(cm, BatchShape([int(n)], [0]))["other"] for n in other.index]
-        rows.append(_err_row("other (sum of non-attention ops)", other.to_numpy(), pred))
+        if op == "attn_decode" and pairs:
+            small = [(y, p) for (y, p), s in zip(pairs, g["decode"]) if len(parse_decode(s)) <= 8]
+            if small:
+                rows.append(_err_row("attn_decode, batch <= 8", *zip(*small)))
+    tps = sorted(test["tp"].unique()) if "tp" in test else [1]
+    for tp in tps:
+        sub = test[test["tp"] == tp] if "tp" in test else test
+        other = other_sum(sub) * 1e-3
+        m = _at_tp(cm, int(tp))
+        if not len(other) or m is None:
+            continue
+        pred = np.array([predict_groups(m, BatchShape([int(n)], [0]))["other"] for n in other.index])
+        tag = f" (tp {tp})" if len(tps) > 1 else ""
+        rows.append(_err_row(f"other (sum of non-attention ops){tag}", other.to_numpy(), pred))
+        emb = sub[sub["op"] == "emb"].groupby("num_tokens")["time_ms"].median() * 1e-3
+        both = other.index.intersection(emb.index)
+        if len(both):
+            L = cm.model.layers if cm.model is not None else cm.layers
+            y = L * other.loc[both].to_numpy() + emb.loc[both].to_numpy()
+            p = np.array([L * predict_groups(m, BatchShape([int(n)], [0]))["other"]
+                          + predict_groups(m, BatchShape([int(n)], [0]))["emb"] for n in both])
+            rows.append(_err_row(f"iteration non-attention{tag}", y, p))
     lf = test[test["op"] == "layer_forward"]
     if len(lf):
         rows.append(_err_row("layer_forward (measured mixed batches)", lf["time_ms"].to_numpy() * 1e-3,
                              [predict_op(cm, r) for _, r in lf.iterrows()]))
-    grid = mixed_iteration_grid(test, reference if reference is not None else test, cm.layers if hasattr(cm, "layers") else 32,
-                                n_mixed, seed)
+    ref = reference if reference is not None else test
+    ref1 = ref[ref["tp"] == 1] if "tp" in ref else ref
+    layers = cm.model.layers if cm.model is not None else getattr(cm, "layers", 32)
+    grid = mixed_iteration_grid(test[test["tp"] == 1] if "tp" in test else test, ref1, layers, n_mixed, seed)
     if grid:
+        m1 = _at_tp(cm, 1)
         rows.append(_err_row("iteration (mixed-batch grid)", [g[1] for g in grid],
-                             [_iteration(cm, s) for s, _ in grid]))
+                             [_iteration(m1, s) for s, _ in grid]))
     return pd.DataFrame(rows)
 
 
 def _iteration(cm, shape):
     g = predict_groups(cm, shape)
-    return cm.layers * (g["other"] + g["attn_prefill"] + g["attn_decode"]) + g["emb"]
+    L = cm.model.layers if cm.model is not None else cm.layers
+    return L * (g["other"] + g["attn_prefill"] + g["attn_decode"]) + g["emb"]
 
 
 def mixed_iteration_grid(test, reference, layers: int, n_mixed: int = 300, seed: int = 0):
@@ -231,21 +479,30 @@ def mixed_iteration_grid(test, reference, layers: int, n_mixed: int = 300, seed:
     return out
 
 
-def calibrate(paths, model, gpu, kind: str, tp: int = 1, test_frac: float = 0.25, seed: int = 0, stat: str = "median"):
-    """Read profiles, fit `kind` on a random configuration split, measure held-out error, then refit on all
-    rows for the shipped coefficients. Returns (cost model, held-out error table)."""
+def calibrate(paths, model, gpu, kind: str, tp: int | None = None, test_frac: float = 0.25, seed: int = 0,
+              stat: str = "median", extrapolate_above: int = 1024):
+    """Read profiles; fit `kind` on contiguous-block training data and on data up to `extrapolate_above` tokens
+    and measure each on what it did not see; then refit on all rows for the shipped coefficients.
+    Returns (cost model, held-out errors by contiguous blocks, held-out errors above the extrapolation limit)."""
     from costmodels.profile_data import read_profiles
     table = read_profiles(paths, tp=tp, stat=stat)
-    train, test = split_by_config(table, test_frac, seed)
-    errs = heldout_errors(fit(kind, train, model, gpu, tp), test, reference=table, seed=seed)
-    cm = fit(kind, table, model, gpu, tp)
+    fit_tp = tp or 1
+    train, test = split_contiguous(table, test_frac, seed)
+    errs = heldout_errors(fit(kind, train, model, gpu, fit_tp), test, reference=table, seed=seed)
+    tr_x, te_x = split_extrapolation(table, extrapolate_above)
+    errs_x = (heldout_errors(fit(kind, tr_x, model, gpu, fit_tp), te_x, reference=table, seed=seed)
+              if len(te_x) and len(tr_x) else pd.DataFrame())
+    cm = fit(kind, table, model, gpu, fit_tp)
     meta = table.attrs.get("meta", {})
     cm.provenance = {
+        **(cm.provenance or {}),
         "sources": sorted({Path(p).name for p in paths}), "files": sorted(set(table["source"])) if "source" in table else [],
-        "rows": int(len(table)), "tp": tp, "stat": stat,
+        "rows": int(len(table)), "tp": sorted(int(t) for t in table["tp"].unique()), "stat": stat,
         "fitted_by": f"servesim calibrate --kind {kind} (costmodels.calibrate)", "date": _dt.date.today().isoformat(),
-        "heldout": {"split": f"random by configuration, test_frac={test_frac}, seed={seed}",
-                    "mape_pct": {r["what"]: round(r["mape_pct"], 2) for _, r in errs.iterrows()}},
+        "heldout": {"split": f"contiguous blocks, test_frac={test_frac}, seed={seed}",
+                    "mape_pct": {r["what"]: round(r["mape_pct"], 2) for _, r in errs.iterrows()},
+                    f"extrapolation above {extrapolate_above} tokens":
+                        {r["what"]: round(r["mape_pct"], 2) for _, r in errs_x.iterrows()} if len(errs_x) else {}},
         **({"profile_meta": meta} if meta else {}),
     }
-    return cm, errs
+    return cm, errs, errs_x

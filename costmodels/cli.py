@@ -10,7 +10,8 @@ def register(sub) -> None:
     c.add_argument("--model", required=True, help="model name in the catalog (e.g. llama-2-7b)")
     c.add_argument("--gpu", required=True, help="GPU name in the catalog (e.g. a100-80gb)")
     c.add_argument("--kind", choices=("linear", "roofline", "profiled"), default="profiled")
-    c.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the profiled rows (Vidur files)")
+    c.add_argument("--tp", type=int, default=None,
+                   help="use only this tensor-parallel degree's rows of Vidur files (default: every degree present)")
     c.add_argument("--test-frac", type=float, default=0.25, help="fraction of configurations held out")
     c.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     c.add_argument("--stat", default="median", choices=("median", "mean", "min"), help="Vidur statistic to use")
@@ -35,13 +36,16 @@ def cmd_calibrate(args) -> int:
     from costmodels.calibrate import calibrate
     from costmodels.linear import default_profile_path
     model, gpu = get_model(args.model, "--model"), get_gpu(args.gpu, "--gpu")
-    cm, errs = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
-                         seed=args.seed, stat=args.stat)
+    cm, errs, errs_x = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
+                                 seed=args.seed, stat=args.stat)
     out = args.out or default_profile_path(gpu.name, model.name, args.kind)
     cm.save(out)
-    print(f"{args.kind} model for {model.name} on {gpu.name} (tp={args.tp}); held-out error "
-          f"({args.test_frac:.0%} of configurations, seed {args.seed}):")
+    print(f"{args.kind} model for {model.name} on {gpu.name}; held-out error, {args.test_frac:.0%} of the profile "
+          f"held out in contiguous blocks (seed {args.seed}):")
     print(format_errors(errs))
+    if len(errs_x):
+        print("fitted on up to 1,024 tokens, tested above (extrapolation):")
+        print(format_errors(errs_x))
     print(f"wrote {out}")
     return 0
 

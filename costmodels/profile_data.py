@@ -18,8 +18,10 @@ KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb", "layer_forward")
 VIDUR_MLP_OPS = LAYER_OPS + ("emb",)
 
 
-def read_profiles(paths, tp: int = 1, stat: str = "median") -> pd.DataFrame:
-    """Read and concatenate profile files of either format into the harness table, validated."""
+def read_profiles(paths, tp: int | None = 1, stat: str = "median") -> pd.DataFrame:
+    """Read and concatenate profile files of either format into the harness table, validated. tp=None keeps every
+    tensor-parallel degree a Vidur mlp.csv has (column `tp`); harness files and attention samples are tp 1 unless
+    they say otherwise."""
     frames = []
     for p in paths:
         p = Path(p)
@@ -33,7 +35,7 @@ def read_profiles(paths, tp: int = 1, stat: str = "median") -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def read_profile(path, tp: int = 1, stat: str = "median") -> pd.DataFrame:
+def read_profile(path, tp: int | None = 1, stat: str = "median") -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: profile file does not exist")
@@ -48,6 +50,8 @@ def read_profile(path, tp: int = 1, stat: str = "median") -> pd.DataFrame:
     else:
         out = _from_vidur_attention(df, path, tp, stat)
     out["source"] = path.name
+    if "tp" not in out:
+        out["tp"] = tp or 1
     return out
 
 
@@ -93,6 +97,8 @@ def _stat_col(df, op, stat, path):
 def _tp_rows(df, tp, path):
     if "num_tensor_parallel_workers" not in df.columns:
         raise UserError(f"{path}: missing column num_tensor_parallel_workers (Vidur format)")
+    if tp is None:
+        return df
     d = df[df["num_tensor_parallel_workers"] == tp]
     if d.empty:
         raise UserError(f"{path}: no rows for num_tensor_parallel_workers={tp}; "
@@ -106,7 +112,8 @@ def _from_vidur_mlp(df, path, tp, stat) -> pd.DataFrame:
     for op in VIDUR_MLP_OPS:
         col = _stat_col(d, op, stat, path)
         rows.append(pd.DataFrame({"op": op, "num_tokens": d["num_tokens"].to_numpy(), "prefill": "", "decode": "",
-                                  "time_ms": d[col].to_numpy(float)}))
+                                  "time_ms": d[col].to_numpy(float),
+                                  "tp": d["num_tensor_parallel_workers"].to_numpy(int)}))
     out = pd.concat(rows, ignore_index=True)
     _check_positive(out, "time_ms", path)
     return out
@@ -166,4 +173,6 @@ def row_shape(row) -> BatchShape:
 
 def config_key(row) -> str:
     """Rows that timed the same configuration share a key, so a train/test split never leaks repeats."""
-    return f"{row['op'] if row['op'] in ATTN_OPS + ('layer_forward',) else 'dense'}|{row['num_tokens']}|{row['prefill']}|{row['decode']}"
+    tp = row.get("tp", 1)
+    return (f"{row['op'] if row['op'] in ATTN_OPS + ('layer_forward',) else 'dense'}|{tp}|{row['num_tokens']}|"
+            f"{row['prefill']}|{row['decode']}")

@@ -1,252 +1,158 @@
-"""Profile-fitted batch-time model: one piecewise-linear regression per operator (scikit-learn fit)."""
+"""Profile-fitted batch-time model: the measured per-layer times of a (GPU, model) pair, constrained where fitted.
+
+- Non-attention operators: the profile's own per-layer times (the sum of every operator at each profiled token
+  count, for each tensor-parallel degree), linear between profiled counts; beyond the last one the last
+  measurement grows as roofline v2 does. Measured GEMM tile dips are kept, they are the data.
+- Decode attention: t = Σ(m + 1) · c · (1 + b_half/b)^γ + ψ·b + c0 per layer (b requests reading m cached tokens
+  each; the factor is the occupancy loss of small batches), fitted with every coefficient ≥ 0 and γ ≤ 1:
+  non-negative, and monotone in context and in the number of requests.
+- Prefill attention: t = a1·Σck + a2·Σc² + a3·Σc + a4·Σk + a5·n per layer (chunks c after k cached tokens),
+  non-negative least squares: monotone in chunk and context.
+- lm_head, sampling and tensor-parallel all-reduces come from roofline v2 (the profiles do not time them).
+Tensor parallelism other than the profiled one scales attention by the shard's share of heads.
+
+It is the default model wherever a fitted file exists for the pair (profiles/<gpu>/<model>-profiled.yaml)."""
 from __future__ import annotations
 
-from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from costmodels.base import BatchShape, CostModel, register_costmodel
+from costmodels.base import register_costmodel
 from costmodels.errors import UserError
-from costmodels.operators import LAYER_OPS
+from costmodels.roofline import RooflineCostModel
 
-MAX_KNOTS = 48
-BATCH_KNOTS = 2   # ψ(B) is affine: per-request kernel overhead; a spline there trades off against φ and wiggles
-
-
-class PiecewiseLinear:
-    """y(x) through (knots, values), continued linearly beyond both ends: smooth enough inside the profiled
-    range, proportional scaling outside it, never a lookup miss."""
-
-    def __init__(self, knots, values, end_slopes=None):
-        self.x = np.asarray(knots, dtype=float)
-        self.y = np.asarray(values, dtype=float)
-        if len(self.x) == 1:  # one profiled point: a constant
-            self.x, self.y = np.r_[self.x, self.x + 1], np.r_[self.y, self.y]
-        if end_slopes is None:
-            # Beyond the profile, more work never takes less time: a falling last segment (noise) continues flat.
-            end_slopes = ((self.y[1] - self.y[0]) / (self.x[1] - self.x[0]),
-                          max(0.0, (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])))
-        self.slope_lo, self.slope_hi = float(end_slopes[0]), float(end_slopes[1])
-        self._xs, self._ys = self.x.tolist(), self.y.tolist()
-        # Far-away end points on the extrapolation lines, so np.interp alone evaluates many x exactly.
-        far = 1e12
-        self._xe = np.r_[self.x[0] - far, self.x, self.x[-1] + far]
-        self._ye = np.r_[self.y[0] - far * self.slope_lo, self.y, self.y[-1] + far * self.slope_hi]
-
-    def scalar(self, x: float) -> float:
-        """One value without numpy overhead (the per-iteration path)."""
-        xs, ys = self._xs, self._ys
-        if x <= xs[0]:
-            return ys[0] + (x - xs[0]) * self.slope_lo
-        if x >= xs[-1]:
-            return ys[-1] + (x - xs[-1]) * self.slope_hi
-        i = bisect_right(xs, x)
-        return ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-
-    def total(self, xs) -> float:
-        """Σ y(x) over many x (one per request)."""
-        return float(np.interp(xs, self._xe, self._ye).sum())
-
-    def __add__(self, other: "PiecewiseLinear") -> "PiecewiseLinear":
-        """The exact sum: piecewise linear on the union of knots, with summed end slopes beyond them."""
-        knots = np.union1d(self.x, other.x)
-        return PiecewiseLinear(knots, self(knots) + other(knots),
-                               (self.slope_lo + other.slope_lo, self.slope_hi + other.slope_hi))
-
-    def __call__(self, x):
-        x = np.asarray(x, dtype=float)
-        y = np.interp(x, self.x, self.y)
-        y = np.where(x < self.x[0], self.y[0] + (x - self.x[0]) * self.slope_lo, y)
-        return np.where(x > self.x[-1], self.y[-1] + (x - self.x[-1]) * self.slope_hi, y)
-
-    def to_dict(self) -> dict:
-        return {"knots": [float(f"{v:.6g}") for v in self.x], "values_ms": [float(f"{v:.6g}") for v in self.y]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "PiecewiseLinear":
-        return cls(d["knots"], d["values_ms"])
+DECODE_KEYS = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp")
+PREFILL_KEYS = ("ck_s", "c2_s", "c_s", "k_s", "per_seq_s")
 
 
-def _knots(x, n_max=MAX_KNOTS):
-    """Knots at quantiles of the distinct profiled x values: dense where the profile is dense."""
-    u = np.unique(np.asarray(x, dtype=float))
-    n = int(min(n_max, max(2, len(u) // 3)))
-    return np.unique(np.quantile(u, np.linspace(0, 1, n)))
-
-
-def _basis(knots):
-    from sklearn.preprocessing import SplineTransformer
-    st = SplineTransformer(knots=np.asarray(knots)[:, None], degree=1, extrapolation="linear")
-    return st.fit(np.asarray(knots)[:, None])
-
-
-def _summed_basis(st, groups):
-    """Σ over each row's requests of the basis at their own values (per-request additivity)."""
-    flat = np.concatenate([np.asarray(g, dtype=float) for g in groups])
-    idx = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    B = st.transform(flat[:, None])
-    out = np.zeros((len(groups), B.shape[1]))
-    np.add.at(out, idx, B)
-    return out
-
-
-def _fit_relative(X, y, alpha=1e-6):
-    """Ridge regression minimising relative error (weights 1/y²), so small kernels count as much as large."""
-    from sklearn.linear_model import Ridge
-    return Ridge(alpha=alpha).fit(X, y, sample_weight=1.0 / np.maximum(y, 1e-9) ** 2)
-
-
-class ProfiledCostModel(CostModel):
-    """T = layers·(Σ_ops f_op(N) + Σ_prefill φ_p(c,k) + [decode]·(ψ(B) + Σ_decode φ_d(m))) + emb(N) (+ all-reduce).
-
-    f_op: per-operator piecewise-linear in tokens. φ_p(c,k) = g1(c·(k + c/2)) + g2(c) + g3(k) per prefill request.
-    Decode attention is charged per request from its own context m (φ_d), plus a batch-size term ψ(B)."""
+class ProfiledCostModel(RooflineCostModel):
+    """Roofline v2's structure with a pair's measured dense times and fitted attention coefficients (module doc)."""
 
     kind = "profiled"
 
-    def __init__(self, functions: dict, layers: int = 32, model=None, gpu=None, tp: int = 1, kv_dtype=None,
-                 floors_ms: dict | None = None, provenance: dict | None = None):
-        super().__init__(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype)
-        self.f = {k: (v if isinstance(v, PiecewiseLinear) else PiecewiseLinear.from_dict(v)) for k, v in functions.items()}
-        missing = [op for op in LAYER_OPS if op not in self.f]
-        if missing:
-            raise UserError(f"costmodel: profiled model lacks operator(s) {', '.join(missing)}; refit with `servesim calibrate`")
-        self.layers = int(layers)
-        self.floors_ms = dict(floors_ms or {})
+    def __init__(self, dense: dict, decode: dict, prefill: dict, model, gpu, tp: int = 1, emb: dict | None = None,
+                 profiled_tp: int = 1, kv_dtype=None, provenance: dict | None = None, overheads=None, **roofline):
+        if model is None or gpu is None:
+            raise UserError("costmodel: kind 'profiled' needs model.name and hardware.gpu from the catalogs")
+        self.dense_tables = {int(k): v for k, v in dense.items()}
+        if tp not in self.dense_tables:
+            raise UserError(f"costmodel: the profiled model of {model.name} on {gpu.name} has no tp={tp} rows "
+                            f"(profiled: {sorted(self.dense_tables)}); use kind roofline or calibrate with tp={tp}")
+        for name, d, keys in (("decode", decode, DECODE_KEYS), ("prefill", prefill, PREFILL_KEYS)):
+            missing = [k for k in keys if k not in d]
+            if missing:
+                raise UserError(f"costmodel: profiled {name} attention lacks {', '.join(missing)}; refit it")
+            if any(float(d[k]) < 0 for k in keys):
+                raise UserError(f"costmodel: profiled {name} attention has a negative coefficient; refit it")
+        self.decode_fit, self.prefill_fit, self.emb_fit = dict(decode), dict(prefill), emb
+        self.profiled_tp = int(profiled_tp)
+        super().__init__(model, gpu, tp=tp, kv_dtype=kv_dtype, provenance=provenance, overheads=overheads, **roofline)
         self.provenance = provenance or {}
-        # All non-attention layer ops as one function of tokens (exact sum), floored like each op.
-        self._other = self.f[LAYER_OPS[0]]
-        for op in LAYER_OPS[1:]:
-            self._other = self._other + self.f[op]
-        self._other_floor = sum(self.floors_ms.get(op, 0.0) for op in LAYER_OPS)
 
-    # -- per-operator times, seconds ---------------------------------------------------------------------
-    def _floor(self, name, t_ms):
-        return max(float(t_ms), self.floors_ms.get(name, 0.0)) * 1e-3
+    def _prepare(self, n_max: int = 16384):
+        m, tp = self.model, self.tp
+        # attention heads on this shard relative to the profiled one
+        q_scale = self.profiled_tp / tp
+        kv_scale = m.kv_heads_per_gpu(tp) / m.kv_heads_per_gpu(self.profiled_tp)
+        d, p = self.decode_fit, self.prefill_fit
+        self._dec = (float(d["per_kv_token_s"]) * kv_scale, float(d["batch_half"]), float(d["per_seq_s"]),
+                     float(d["fixed_s"]), float(d["batch_exp"]))
+        self._pre = (float(p["ck_s"]) * q_scale, float(p["c2_s"]) * q_scale, float(p["c_s"]) * q_scale,
+                     float(p["k_s"]) * kv_scale, float(p["per_seq_s"]))
+        t = self.dense_tables[tp]
+        self._knots = np.asarray(t["tokens"], dtype=float)
+        self._dense_s = np.asarray(t["layer_ms"], dtype=float) * 1e-3
+        if len(self._knots) < 2 or np.any(np.diff(self._knots) <= 0) or np.any(self._dense_s <= 0):
+            raise UserError("costmodel: a profiled dense table needs >= 2 increasing token counts with positive times")
+        self._grow(n_max)
 
-    def dense_op_time(self, op: str, n) -> float:
-        if op not in self.f:
-            return 0.0
-        return self._floor(op, self.f[op](n))
+    def _interp(self, knots, vals, n):
+        """Linear between profiled counts; below the first and beyond the last along the end segments' slopes,
+        never below zero (and never falling beyond the profile)."""
+        n = np.asarray(n, dtype=float)
+        y = np.interp(n, knots, vals)
+        lo = (vals[1] - vals[0]) / (knots[1] - knots[0])
+        hi = max(0.0, (vals[-1] - vals[-2]) / (knots[-1] - knots[-2]))
+        y = np.where(n < knots[0], vals[0] + (n - knots[0]) * lo, y)
+        y = np.where(n > knots[-1], vals[-1] + (n - knots[-1]) * hi, y)
+        return np.maximum(y, 0.0)
 
-    def prefill_attn_time(self, chunks, contexts) -> float:
-        if not len(chunks) or "attn_prefill.flops" not in self.f:
-            return 0.0
-        ff, fc, fk = self.f["attn_prefill.flops"].scalar, self.f["attn_prefill.chunk"].scalar, self.f["attn_prefill.context"].scalar
-        t = sum(ff(c * (k + c / 2)) + fc(c) + fk(k) for c, k in zip(chunks, contexts))
-        return self._floor("attn_prefill", t)
+    def dense_ops_time(self, n):
+        """Measured between profiled counts; beyond the last one, the last measurement scaled by roofline v2's
+        growth (FLOP- or byte-proportional), so extrapolation follows physics rather than one noisy segment."""
+        n = np.asarray(n, dtype=float)
+        k, v = self._knots, self._dense_s
+        t = self._interp(k, v, np.minimum(n, k[-1]))
+        far = n > k[-1]
+        if np.any(far):
+            roof = RooflineCostModel.dense_ops_time
+            t = np.where(far, v[-1] * roof(self, n) / roof(self, k[-1]), t)
+        return np.where(n > 0, t, 0.0)
 
-    def decode_attn_time(self, contexts) -> float:
-        if not len(contexts) or "attn_decode.context" not in self.f:
-            return 0.0
-        t = self.f["attn_decode.batch"](len(contexts)) + np.sum(self.f["attn_decode.context"](contexts))
-        return self._floor("attn_decode", t)
+    def emb_time(self, n_tokens):
+        if not self.emb_fit:
+            return super().emb_time(n_tokens)
+        n = np.asarray(n_tokens, dtype=float)
+        k, v = np.asarray(self.emb_fit["tokens"], float), np.asarray(self.emb_fit["ms"], float) * 1e-3
+        return np.where(n > 0, self._interp(k, v, n), 0.0)
 
-    def op_times(self, shape: BatchShape) -> dict:
+    def op_times(self, shape):
+        out = super().op_times(shape)
         n = shape.num_tokens
-        out = {op: self.dense_op_time(op, n) for op in LAYER_OPS}
-        out["attn_prefill"] = self.prefill_attn_time(shape.prefill_tokens, shape.prefill_context)
-        out["attn_decode"] = self.decode_attn_time(shape.decode_context)
-        out["emb"] = self.dense_op_time("emb", n)
+        out["other"] = float(self.dense_ops_time(n))
         return out
-
-    def compute_time(self, shape: BatchShape) -> float:
-        """Layers × (non-attention ops + attention) + emb, on the scalar fast path."""
-        dc = shape.decode_context
-        n = sum(shape.prefill_tokens) + len(dc)
-        if n <= 0:
-            return 0.0
-        layer = max(self._other.scalar(n), self._other_floor) * 1e-3
-        if dc and "attn_decode.context" in self.f:
-            t = self.f["attn_decode.batch"].scalar(len(dc)) + self.f["attn_decode.context"].total(dc)
-            layer += self._floor("attn_decode", t)
-        layer += self.prefill_attn_time(shape.prefill_tokens, shape.prefill_context)
-        emb = self._floor("emb", self.f["emb"].scalar(n)) if "emb" in self.f else 0.0
-        if self.tp > 1 and self.gpu is not None and self.model is not None:
-            layer += 2 * self.gpu.allreduce_time_s(n * self.model.hidden * 2, self.tp)
-        return self.layers * layer + emb
-
-    # -- fitting ------------------------------------------------------------------------------------------
-    @classmethod
-    def fit(cls, table, layers: int = 32, **kw) -> "ProfiledCostModel":
-        """Fit every operator present in a harness-format table (costmodels.profile_data)."""
-        from costmodels.profile_data import parse_decode, parse_prefill
-        f, floors = {}, {}
-        for op, g in table.groupby("op"):
-            y = g["time_ms"].to_numpy(float)
-            floors[op] = float(y.min()) * 0.5
-            if op in LAYER_OPS or op == "emb":
-                n = g["num_tokens"].to_numpy(float)
-                st = _basis(_knots(n))
-                reg = _fit_relative(st.transform(n[:, None]), y)
-                f[op] = PiecewiseLinear(st.bsplines_[0].t[1:-1], reg.predict(st.transform(st.bsplines_[0].t[1:-1, None])))
-            elif op == "attn_decode":
-                ctx = [parse_decode(s) for s in g["decode"]]
-                b = np.array([len(c) for c in ctx], dtype=float)
-                sb, sm = _basis(_knots(b, BATCH_KNOTS)), _basis(_knots(np.concatenate(ctx), 24))
-                X = np.c_[sb.transform(b[:, None]), _summed_basis(sm, ctx)]
-                reg = _fit_relative(X, y)
-                nb = sb.transform(b[:1, None]).shape[1]
-                kb, km = sb.bsplines_[0].t[1:-1], sm.bsplines_[0].t[1:-1]
-                f["attn_decode.batch"] = PiecewiseLinear(kb, sb.transform(kb[:, None]) @ reg.coef_[:nb] + reg.intercept_)
-                f["attn_decode.context"] = PiecewiseLinear(km, sm.transform(km[:, None]) @ reg.coef_[nb:])
-            elif op == "attn_prefill":
-                pairs = [parse_prefill(s) for s in g["prefill"]]
-                cs = [np.asarray(p[0], dtype=float) for p in pairs]
-                ks = [np.asarray(p[1], dtype=float) for p in pairs]
-                fl = [c * (k + c / 2) for c, k in zip(cs, ks)]
-                parts = [("flops", fl, 16), ("chunk", cs, 16), ("context", ks, 16)]
-                sts = [_basis(_knots(np.concatenate(v), nk)) for _, v, nk in parts]
-                X = np.hstack([_summed_basis(st, v) for st, (_, v, _) in zip(sts, parts)])
-                X = np.c_[X, [len(c) for c in cs]]    # per-request constant
-                reg = _fit_relative(X, y)
-                off = 0
-                for st, (name, _, _) in zip(sts, parts):
-                    kn = st.bsplines_[0].t[1:-1]
-                    nb = len(st.bsplines_[0].t) - 2
-                    vals = st.transform(kn[:, None]) @ reg.coef_[off:off + nb]
-                    if name == "chunk":
-                        vals = vals + reg.coef_[-1] + reg.intercept_   # Vidur prefill rows hold one request each
-                    f[f"attn_prefill.{name}"] = PiecewiseLinear(kn, vals)
-                    off += nb
-        return cls(f, layers=layers, floors_ms=floors, **kw)
 
     # -- persistence --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"kind": "profiled", "layers": self.layers, "units": "ms (per layer; emb per iteration)",
-                "floors_ms": {k: float(f"{v:.6g}") for k, v in self.floors_ms.items()},
-                "functions": {k: v.to_dict() for k, v in self.f.items()}, "provenance": self.provenance}
+        r = lambda v: float(f"{v:.6g}")  # noqa: E731
+        return {"kind": "profiled", "model": self.model.name, "gpu": self.gpu.name, "profiled_tp": self.profiled_tp,
+                "units": "dense: ms per layer (all non-attention ops); emb: ms per iteration; attention: s per layer",
+                "dense": {str(k): {"tokens": [int(x) for x in v["tokens"]], "layer_ms": [r(x) for x in v["layer_ms"]]}
+                          for k, v in sorted(self.dense_tables.items())},
+                "emb": ({"tokens": [int(x) for x in self.emb_fit["tokens"]], "ms": [r(x) for x in self.emb_fit["ms"]]}
+                        if self.emb_fit else None),
+                "decode": {k: r(self.decode_fit[k]) for k in DECODE_KEYS},
+                "prefill": {k: r(self.prefill_fit[k]) for k in PREFILL_KEYS},
+                "provenance": self.provenance}
 
     def save(self, path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=120, default_flow_style=None))
 
     @classmethod
-    def load(cls, path, **kw) -> "ProfiledCostModel":
+    def load(cls, path, model, gpu, tp: int = 1, **kw) -> "ProfiledCostModel":
         path = Path(path)
         if not path.exists():
             raise UserError(f"costmodel.path: {path} does not exist")
         d = yaml.safe_load(path.read_text()) or {}
-        if "functions" not in d:
-            raise UserError(f"{path}: no 'functions' mapping; not a profiled cost model file")
-        kw.setdefault("layers", d.get("layers", 32))
-        return cls(d["functions"], floors_ms=d.get("floors_ms"), provenance=d.get("provenance"), **kw)
+        if not isinstance(d.get("dense"), dict) or "decode" not in d or "prefill" not in d:
+            raise UserError(f"{path}: not a profiled cost model file (needs dense, decode, prefill); refit with "
+                            "`servesim calibrate --kind profiled`")
+        return cls(d["dense"], d["decode"], d["prefill"], model, gpu, tp=tp, emb=d.get("emb"),
+                   profiled_tp=d.get("profiled_tp", 1), provenance=d.get("provenance"), **kw)
+
+
+def profiled_path(gpu_name: str, model_name: str) -> Path:
+    from costmodels.linear import PROFILES_DIR
+    return PROFILES_DIR / gpu_name / f"{model_name}-profiled.yaml"
 
 
 @register_costmodel("profiled")
 def _build_profiled(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> ProfiledCostModel:
     """`kind: profiled` with `path:` to a fitted YAML (default: profiles/<gpu>/<model>-profiled.yaml)."""
-    from costmodels.linear import default_profile_path, resolve_profile_path
-    bad = set(spec) - {"path", "kv_dtype"}
+    from costmodels.linear import resolve_profile_path
+    bad = set(spec) - {"path", "kv_dtype", "allreduce", "overheads", "params"}
     if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))} for kind 'profiled'; allowed: kind, kv_dtype, path")
+        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))} for kind 'profiled'; allowed: kind, "
+                        "allreduce, kv_dtype, overheads, params, path")
     path = spec.get("path")
-    path = resolve_profile_path(path) if path else default_profile_path(gpu.name if gpu else "a100-80gb",
-                                                                    model.name if model else "llama-2-7b", "profiled")
+    path = resolve_profile_path(path) if path else profiled_path(gpu.name if gpu else "a100-80gb",
+                                                                 model.name if model else "llama-2-7b")
     if not Path(path).exists():
         raise UserError(f"{where}.path: no fitted profiled model at {path}; fit one with "
-                        f"`servesim calibrate PROFILE.csv --kind profiled -o {path}`")
-    return ProfiledCostModel.load(path, layers=model.layers if model else 32, model=model, gpu=gpu, tp=tp,
-                                  kv_dtype=spec.get("kv_dtype"))
+                        f"`servesim calibrate PROFILE --kind profiled -o {path}` or use kind roofline")
+    return ProfiledCostModel.load(path, model, gpu, tp=tp, kv_dtype=spec.get("kv_dtype"),
+                                  overheads=spec.get("overheads"), allreduce=spec.get("allreduce", "auto"),
+                                  params=spec.get("params"))

@@ -101,15 +101,31 @@ def test_cli_prints_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_stuck_policy_raises_clear_error():
-    """A configuration that can never admit (the admission watermark leaves too little room) is caught at run time."""
+def test_a_request_the_watermark_can_never_admit_is_refused_up_front():
+    """It fits M but not M minus the admission watermark: reported infeasible, and the run goes on (it used to end
+    'stuck')."""
     from policies import build_policy
+    from sim.engine import Simulation
+    from sim.kv.paged import KVCacheManager
+    from tests.helpers import TokenCost, make_requests
+    pol = build_policy({"name": "vllm"})
+    res = Simulation(make_requests([(60, 2), (10, 2)]), pol, TokenCost(), KVCacheManager(100, 1, watermark=0.5)).run()
+    r = res.requests.set_index("id")
+    assert r.loc[0, "status"] == "infeasible" and "admission watermark" in r.loc[0, "reason"]
+    assert r.loc[1, "status"] == "done"
+
+
+def test_a_policy_that_never_schedules_ends_with_a_clear_stuck_error():
+    from policies.base import Batch, Policy
     from sim.engine import Simulation
     from sim.errors import SimulationStuck
     from sim.kv.paged import KVCacheManager
     from tests.helpers import TokenCost, make_requests
-    pol = build_policy({"name": "vllm"})
-    sim = Simulation(make_requests([(60, 2)]), pol, TokenCost(), KVCacheManager(100, 1, watermark=0.5))
+
+    class Idle(Policy):
+        def schedule(self, view):
+            return Batch()
+    sim = Simulation(make_requests([(6, 2)]), Idle(), TokenCost(), KVCacheManager(100, 1))
     with pytest.raises(SimulationStuck, match=r"scheduled nothing and no request is due; 1 waiting"):
         sim.run()
 

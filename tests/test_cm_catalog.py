@@ -1,4 +1,5 @@
 """Catalog arithmetic against hand computations: KV/hidden bytes, parameters, capacity M, TP, all-reduce."""
+import numpy as np
 import pytest
 
 from costmodels import GPUS, MODELS, get_gpu, get_model, kv_capacity_tokens
@@ -64,13 +65,26 @@ def test_activation_reserve_is_a_sane_fraction_of_memory():
     assert m.activation_reserve_bytes(8192) > r
 
 
-def test_ring_allreduce_by_hand():
+def test_allreduce_lines_by_hand():
+    from costmodels.collectives import _fits
     g = get_gpu("a100-80gb")
     assert g.allreduce_time_s(1e6, 1) == 0.0
     nbytes = 4096 * 4096 * 2
-    assert g.allreduce_time_s(nbytes, 4) == pytest.approx(6 * g.nvlink_latency_s + 1.5 * nbytes / 300e9)
-    l40s = get_gpu("l40s")   # no NVLink: the ring runs over PCIe
+    a1, b1, a2, b2 = _fits()["nccl"]["a100_dgx"]["4"]          # NCCL on an A100 NVSwitch node, 4 GPUs
+    assert g.allreduce_time_s(nbytes, 4) == pytest.approx(min(a1 + nbytes / b1, a2 + nbytes / b2))
+    h = get_gpu("h100-sxm")                                    # small messages: vLLM's custom kernel if faster
+    a, b = _fits()["custom"]["h100_dgx"]["4"]
+    c1, d1, c2, d2 = _fits()["nccl"]["h100_dgx"]["4"]
+    small = 64 * 1024
+    assert h.allreduce_time_s(small, 4) == pytest.approx(min(a + small / b, c1 + small / d1, c2 + small / d2))
+    assert h.allreduce_time_s(small, 4, backend="nccl") == pytest.approx(min(c1 + small / d1, c2 + small / d2))
+    l40s = get_gpu("l40s")   # no NVLink and no fitted node: a ring over PCIe from the datasheet
+    assert l40s.allreduce_time_s(nbytes, 2) == pytest.approx(20e-6 + nbytes / (0.7 * 32e9))
     assert l40s.allreduce_time_s(nbytes, 2) > g.allreduce_time_s(nbytes, 2)
+    sizes = np.geomspace(1e3, 64e6, 50)
+    for gpu in (g, h, l40s):                                   # never less time for a bigger message
+        t = gpu.allreduce_time_s(sizes, 4)
+        assert (np.diff(t) >= 0).all(), gpu.name
 
 
 def test_datasheet_ordering():
