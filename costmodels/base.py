@@ -37,6 +37,8 @@ class BatchShape:
 
 
 DEQUANT_MODES = ("fused", "separate")
+OVERHEAD_KEYS = ("step_s", "per_seq_s", "frontend_s", "frontend_steps", "kernel_overhead_scale",
+                 "decode_attention_scale")
 
 
 @dataclass
@@ -45,12 +47,20 @@ class Overheads:
 
     step_s + per_seq_s · (sequences in the batch) is added to every iteration: scheduling, preparing inputs,
     launching the step, processing outputs (detokenising, stop checks) that the engine does not overlap with the
-    GPU. frontend_s is added to each request's TTFT and end-to-end latency: HTTP handling, tokenisation, queueing
-    into the engine and streaming the first token back. Zero by default (InferMax's model has none); the `vllm`
-    preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
+    GPU. frontend_s + frontend_steps × (the request's first step) is added to its TTFT and end-to-end latency:
+    HTTP handling, tokenisation and the hand-off into the engine, and streaming the tokens back, which trails the
+    engine by a fraction of a step as the front end's event loop serves every running stream. Two factors say how an engine's runtime differs from
+    kernels timed one by one (roofline v2 and profiled): kernel_overhead_scale multiplies every kernel's fixed time
+    (CUDA graphs remove most launch gaps), decode_attention_scale the decode attention's KV-read time (the
+    engine's attention kernel against the profiled one); the first also scales the fixed time of vLLM's custom
+    all-reduce, whose published times were taken without CUDA graphs. Zero and one by default (InferMax's model has none); the
+    `vllm` preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
     step_s: float = 0.0
     per_seq_s: float = 0.0
     frontend_s: float = 0.0
+    frontend_steps: float = 0.0
+    kernel_overhead_scale: float = 1.0
+    decode_attention_scale: float = 1.0
     provenance: dict = field(default_factory=dict)
 
     @classmethod
@@ -70,12 +80,12 @@ class Overheads:
             presets = overhead_presets()
             if name not in presets:
                 raise UserError(f"{where}.preset: unknown preset {name!r}; allowed: none, {', '.join(sorted(presets))}")
-            base = {k: presets[name][k] for k in ("step_s", "per_seq_s", "frontend_s") if k in presets[name]}
+            base = {k: presets[name][k] for k in OVERHEAD_KEYS if k in presets[name]}
             prov = dict(presets[name].get("provenance", {}), preset=name)
-        bad = set(spec) - {"step_s", "per_seq_s", "frontend_s"}
+        bad = set(spec) - set(OVERHEAD_KEYS)
         if bad:
-            raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: preset, step_s, per_seq_s, "
-                            "frontend_s")
+            raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: preset, "
+                            f"{', '.join(OVERHEAD_KEYS)}")
         base.update(spec)
         for k, v in base.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < 10):

@@ -39,10 +39,10 @@ class GPU:
         """The link tensor-parallel shards talk over: NVLink where the part has it, else PCIe."""
         return self.nvlink_bytes_per_s or self.pcie_bytes_per_s
 
-    def allreduce_time_s(self, nbytes: float, tp: int, backend: str = "auto") -> float:
+    def allreduce_time_s(self, nbytes: float, tp: int, backend: str = "auto", latency_scale: float = 1.0) -> float:
         """One all-reduce of `nbytes` over `tp` GPUs (costmodels.collectives)."""
         from costmodels.collectives import allreduce_time_s
-        return allreduce_time_s(self, nbytes, tp, backend)
+        return allreduce_time_s(self, nbytes, tp, backend, latency_scale)
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,7 @@ def model_from_hf_config(cfg: dict, name: str, where: str = "config.json") -> Mo
         elif str(cfg.get("model_type", "")).startswith("llama4"):
             shared = expert_ffn               # Llama 4: one shared expert of intermediate_size per MoE layer
     quant = top.get("quantization_config") or cfg.get("quantization_config") or {}
-    qtext = str(quant).lower()
-    dtype = "fp8" if "fp8" in qtext or "float8" in qtext or quant.get("quant_method") == "fp8" else \
+    dtype = _quantized_dtype(quant) or \
         {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16"}.get(str(cfg.get("torch_dtype", "float16")), "fp16")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
     gated = not str(cfg.get("model_type", "")).startswith("opt") and act in ("silu", "swiglu", "gelu_pytorch_tanh",
@@ -342,6 +341,36 @@ def model_from_hf_config(cfg: dict, name: str, where: str = "config.json") -> Mo
     if spec.is_moe and not spec.expert_ffn:
         raise UserError(f"{where}: a mixture-of-experts config needs intermediate_size or moe_intermediate_size")
     return spec
+
+
+def _quantized_dtype(quant) -> str | None:
+    """Weight storage type a quantization_config names: FP8 (quant_method fp8, compressed-tensors float 8-bit
+    weights), INT8, or 4-bit (AWQ, GPTQ, 4-bit weights); None if none."""
+    if not isinstance(quant, dict) or not quant:
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method in ("fp8", "fbgemm_fp8", "modelopt") or "fp8" in str(quant.get("quant_algo", "")).lower():
+        return "fp8"
+    if method in ("awq", "gptq", "marlin", "bitsandbytes") and quant.get("bits", quant.get("w_bit", 4)) == 4:
+        return "int4"
+    weights = []
+
+    def walk(d):
+        if isinstance(d, dict):
+            if isinstance(d.get("weights"), dict):
+                weights.append(d["weights"])
+            for v in d.values():
+                walk(v)
+    walk(quant)
+    for w in weights:
+        bits, kind = w.get("num_bits"), str(w.get("type", "int")).lower()
+        if bits == 8:
+            return "fp8" if kind == "float" else "int8"
+        if bits == 4:
+            return "int4"
+    if "float-quantized" in str(quant.get("format", "")):
+        return "fp8"
+    return None
 
 
 def load_model_config(path, name: str | None = None) -> ModelSpec:

@@ -18,6 +18,15 @@ def register(sub) -> None:
     c.add_argument("-o", "--out", help="write the fitted model YAML here (default: profiles/<gpu>/<model>-<kind>.yaml)")
     c.set_defaults(func=cmd_calibrate)
 
+    m = sub.add_parser("model", help="model catalog tools: `servesim model import CONFIG.json` prints a catalog entry")
+    msub = m.add_subparsers(dest="model_command", required=True)
+    imp = msub.add_parser("import", help="read a local Hugging Face config.json (nothing is downloaded) and print "
+                                         "its catalog entry and memory facts")
+    imp.add_argument("config", help="config.json, or the model folder holding it")
+    imp.add_argument("--name", help="catalog name (default: the folder's name)")
+    imp.add_argument("--dtype", help="weight precision override (fp16, bf16, fp8, int8)")
+    imp.set_defaults(func=cmd_model_import)
+
     p = sub.add_parser("profile", help="time a model's operators on this machine and write a profile CSV")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--model", default="llama-2-7b", help="model name in the catalog (random weights, no downloads)")
@@ -47,6 +56,22 @@ def cmd_calibrate(args) -> int:
         print("fitted on up to 1,024 tokens, tested above (extrapolation):")
         print(format_errors(errs_x))
     print(f"wrote {out}")
+    return 0
+
+
+def cmd_model_import(args) -> int:
+    from costmodels.catalog import GiB, load_model_config, spec_as_python, with_dtype
+    spec = load_model_config(args.config, args.name)
+    if args.dtype:
+        spec = with_dtype(spec, args.dtype)
+    print(spec_as_python(spec))
+    moe = (f"; MoE: {spec.experts} experts, {spec.experts_per_token} per token, expert FFN {spec.expert_ffn}"
+           f"{f', shared {spec.shared_expert_ffn}' if spec.shared_expert_ffn else ''}, {spec.moe_layer_count()} "
+           f"MoE layers" if spec.is_moe else "")
+    print(f"# {spec.params() / 1e9:.2f}B parameters, weights {spec.weight_bytes() / GiB:.2f} GiB ({spec.dtype}); "
+          f"KV {spec.kv_bytes_per_token() / 1024:.1f} KiB per token; head_dim {spec.head_dim}, "
+          f"{spec.kv_heads} KV heads{moe}")
+    print(f"# use it: model: {{config: {args.config}}} in a scenario, or add the line to costmodels/catalog.py MODELS")
     return 0
 
 

@@ -49,9 +49,10 @@ def two_line_time(params, nbytes):
     return np.minimum(a1 + np.asarray(nbytes, float) / b1, a2 + np.asarray(nbytes, float) / b2)
 
 
-def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto"):
+def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto", latency_scale: float = 1.0):
     """Seconds for one all-reduce of `nbytes` (a number or an array) over `tp` GPUs. backend: auto (vLLM: its
-    custom kernel where it runs, NCCL otherwise), nccl, or custom."""
+    custom kernel where it runs, NCCL otherwise), nccl, or custom. latency_scale multiplies the custom kernel's
+    fixed time (measured without CUDA graphs, whose launch part a graph removes)."""
     scalar = np.ndim(nbytes) == 0
     s = np.asarray(nbytes, dtype=float)
     if tp <= 1:
@@ -70,7 +71,7 @@ def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto"):
         t = 20e-6 + 2 * (tp - 1) / tp * s / (0.7 * link)
     if backend in ("auto", "custom") and custom is not None:
         a, b = custom
-        t = np.where(s <= CUSTOM_MAX_BYTES, np.minimum(a + s / b, t), t)
+        t = np.where(s <= CUSTOM_MAX_BYTES, np.minimum(a * latency_scale + s / b, t), t)
     t = np.where(s > 0, t, 0.0)
     return float(t) if scalar else t
 

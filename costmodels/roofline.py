@@ -105,7 +105,7 @@ class RooflineCostModel(CostModel):
     # -- per-operator times (seconds, per layer unless said) -------------------------------------------------
     def gemm_time(self, m, k, n, weight_bytes=None, m_rows=None):
         """One GEMM of m rows against a k × n weight (m may be an array); m_rows: rows per tile group (MoE)."""
-        p, g = self.params, self.gpu
+        p, g = self.params_in_use, self.gpu
         m = np.asarray(m, dtype=float)
         rows = m if m_rows is None else np.asarray(m_rows, dtype=float)
         wb = self.shard.weight_bytes if weight_bytes is None else weight_bytes
@@ -116,7 +116,7 @@ class RooflineCostModel(CostModel):
         return np.where(m > 0, np.maximum(compute, memory) + p["gemm_overhead_s"], 0.0)
 
     def elementwise_time(self, nbytes):
-        p = self.params
+        p = self.params_in_use
         nbytes = np.asarray(nbytes, dtype=float)
         return np.where(nbytes > 0, nbytes / (self.gpu.hbm_bytes_per_s * p["elementwise_memory_eff"])
                         + p["elementwise_overhead_s"], 0.0)
@@ -132,7 +132,7 @@ class RooflineCostModel(CostModel):
 
     def moe_time(self, n):
         """Router, routed experts (tokens spread over the experts they reach) and shared expert, per MoE layer."""
-        s, p = self.shard, self.params
+        s, p = self.shard, self.params_in_use
         n = np.asarray(n, dtype=float)
         h, up = s.hidden, (2 if s.gated else 1)
         t = self.gemm_time(n, h, s.experts, weight_bytes=s.act_bytes)           # router (16-bit)
@@ -164,7 +164,8 @@ class RooflineCostModel(CostModel):
         n = np.asarray(n, dtype=float)
         t = self.dense_ops_time(n)
         if self.tp > 1:
-            t = t + 2 * self.gpu.allreduce_time_s(n * self.shard.hidden * self.shard.act_bytes, self.tp, self.allreduce)
+            t = t + 2 * self.gpu.allreduce_time_s(n * self.shard.hidden * self.shard.act_bytes, self.tp, self.allreduce,
+                                                  self.overheads.kernel_overhead_scale)
         return t
 
     def dense_ops_time(self, n):
@@ -184,7 +185,7 @@ class RooflineCostModel(CostModel):
     def sample_time(self, n_seqs):
         """Once per iteration for the sequences that sample: final norm, lm_head, logits processing and the draw
         (the fp32 logits read a few times: softmax, top-k/p, sampling)."""
-        s, p = self.shard, self.params
+        s, p = self.shard, self.params_in_use
         n_seqs = np.asarray(n_seqs, dtype=float)
         t = self.elementwise_time(2.0 * n_seqs * s.hidden * s.act_bytes)
         t = t + self.gemm_time(n_seqs, s.hidden, s.vocab, weight_bytes=s.act_bytes)
@@ -229,9 +230,23 @@ class RooflineCostModel(CostModel):
         return out
 
     # -- the engine's path ------------------------------------------------------------------------------------
+    def _effective_params(self) -> dict:
+        """The parameters as the engine's runtime sees them (Overheads' kernel and decode-attention factors)."""
+        p = dict(self.params)
+        o = self.overheads
+        k = o.kernel_overhead_scale
+        if k != 1.0:
+            for key in ("gemm_overhead_s", "elementwise_overhead_s", "decode_fixed_s", "decode_per_seq_s",
+                        "prefill_per_seq_s"):
+                p[key] = p[key] * k
+        if o.decode_attention_scale != 1.0:
+            p["decode_memory_eff"] = p["decode_memory_eff"] / o.decode_attention_scale
+        return p
+
     def _prepare(self, n_max: int = 16384):
         """Constants of the attention terms and the per-token-count tables."""
-        s, g, p = self.shard, self.gpu, self.params
+        self.params_in_use = self._effective_params()
+        s, g, p = self.shard, self.gpu, self.params_in_use
         kvw = s.mla_latent / 2 if s.mla_latent else s.kv_width
         kv_token = 2.0 * kvw * s.kv_bytes                          # K and V bytes of one cached token per layer
         self._dec = (kv_token / (g.hbm_bytes_per_s * p["decode_memory_eff"]), p["decode_batch_half"],
@@ -283,7 +298,7 @@ class RooflineCostModel(CostModel):
             attn += (a[0] * sum_ck + a[1] * sum_c2 + a[2] * (n_tokens - n_decode) + a[3] * sum_k_prefill
                      + a[4] * n_prefill)
         t = self._layer[n_tokens] + self.layers * attn + self._emb[n_tokens] + self._step[seqs]
-        return t + self.params["step_overhead_s"] + self.cpu_time(seqs)
+        return t + self.params_in_use["step_overhead_s"] + self.cpu_time(seqs)
 
     def decode_stretch_times(self, cached, k: int, last_step=None):
         """k decode-only iterations in closed form, the same float operations as time_from_sums element by element."""
@@ -301,7 +316,7 @@ class RooflineCostModel(CostModel):
         attn = kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * nf + c[3]
         layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))
         t = layer + self.layers * attn + emb + step
-        return t + self.params["step_overhead_s"] + self.cpu_times(n)
+        return t + self.params_in_use["step_overhead_s"] + self.cpu_times(n)
 
     # -- persistence ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

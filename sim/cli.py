@@ -19,6 +19,7 @@ PLUGINS: list[str] = [
     "solver.cli",
     "sim.study.findings.report",
     "sim.study.regress",
+    "sim.study.validate",
 ]
 
 

@@ -25,7 +25,8 @@ def options_from_dict(d: dict, where: str = "solver") -> SolverOptions:
 
 def instance_from_scenario(scn, overrides: dict | None = None) -> SolverInstance:
     from sim.scenario.build import capacity_tokens
-    model = get_model(scn.model.name)
+    from sim.scenario.build import scenario_model
+    model = scenario_model(scn)
     gpu = get_gpu(scn.hardware.gpu)
     M = capacity_tokens(scn, model, gpu)
     cm = build_costmodel(scn.costmodel, model, gpu, scn.hardware.tp)

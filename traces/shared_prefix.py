@@ -59,13 +59,18 @@ def constant_stages(stages, rng: np.random.Generator, where: str):
     return np.concatenate(times), np.concatenate(which)
 
 
-def _output_lengths(n, output_len, mean, rng, where):
-    """Requested output_len, or, when the model stops at end-of-sequence before it (base models), lengths with a
-    constant per-token stop probability truncated at output_len whose mean is `mean`."""
+def _output_lengths(n, output_len, mean, rng, where, cv=None):
+    """Requested output_len, or, when the model stops at end-of-sequence before it (base models) with a known mean:
+    lengths normal around the mean with coefficient of variation `cv`, truncated to [1, output_len]; without a cv,
+    a constant per-token stop probability truncated at output_len whose mean is `mean`."""
     if mean is None or mean >= output_len:
         return np.full(n, output_len, dtype=np.int64)
     if not 1 <= mean < output_len:
         raise UserError(f"{where}.mean_output_tokens: must be in [1, output_len], got {mean!r}")
+    if cv is not None:
+        if isinstance(cv, bool) or not isinstance(cv, (int, float)) or not 0 <= cv <= 2:
+            raise UserError(f"{where}.output_cv: must be a number in [0, 2], got {cv!r}")
+        return np.clip(np.round(rng.normal(mean, cv * mean, n)), 1, output_len).astype(np.int64)
     lo, hi = 1e-9, 1.0          # E[min(Geom(p), L)] = (1 - (1-p)^L)/p falls from L to 1 as p grows
     for _ in range(200):
         p = (lo + hi) / 2
@@ -75,7 +80,7 @@ def _output_lengths(n, output_len, mean, rng, where):
 
 
 SHARED_KEYS = ("num_groups", "num_prompts_per_group", "num_unique_system_prompts", "num_users_per_system_prompt",
-               "system_prompt_len", "question_len", "output_len", "mean_output_tokens", "template_tokens",
+               "system_prompt_len", "question_len", "output_len", "mean_output_tokens", "output_cv", "template_tokens",
                "enable_multi_turn_chat", "history", "max_model_len", "stages", "arrival", "num_requests", "cls")
 
 
@@ -114,7 +119,7 @@ def shared_prefix(spec, rng, where):
         index[sel] = np.arange(len(sel))
     user = order[index % users]
     rounds = index // users if multi else np.zeros(n, dtype=np.int64)
-    outputs = _output_lengths(n, out_len, spec.get("mean_output_tokens"), rng, where)
+    outputs = _output_lengths(n, out_len, spec.get("mean_output_tokens"), rng, where, spec.get("output_cv"))
     group = user // per
     own = q_len + tpl
     if history == "repeat" or not multi:

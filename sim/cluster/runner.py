@@ -26,6 +26,7 @@ def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     if watcher is not None:
         watcher.close()
     res.meta.update(scenario=scn.name, policy=scn.policy.get("name"), M=sim.memory.capacity_tokens,
+                    costmodel=sim.costmodel.describe() if hasattr(sim.costmodel, "describe") else "",
                     wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
                     infeasible_reasons=infeasible_counts(sim.infeasible))
     res.summary["wall_s"] = res.meta["wall_s"]

@@ -22,9 +22,13 @@ class SLO:
     normalized_latency_s: float | None = None
 
 
-def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
+def request_table(requests, slos: dict | None = None, frontend_s: float = 0.0,
+                  frontend_steps: float = 0.0) -> pd.DataFrame:
     """One row per request, finished or not (unfinished rows have NaN times). Built column-wise: the same float
-    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed."""
+    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed. `frontend_s`
+    (the cost model's per-request front-end overhead) plus `frontend_steps` × the request's first step is added to
+    TTFT and end-to-end latency, as a client measures them; the engine-side times (first_token_s, completion_s)
+    stay as the engine saw them."""
     reqs = list(requests)
 
     def col(name, dtype=None):
@@ -37,6 +41,11 @@ def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
     first_sched, first_tok, comp = times("first_scheduled_s"), times("first_token_s"), times("completion_s")
     tbt = np.array([r.tbt or (NAN, NAN, NAN) for r in reqs], dtype=float).reshape(-1, 3)
     e2e = comp - arrival
+    ttft = first_tok - arrival
+    if frontend_s or frontend_steps:
+        front = frontend_s + frontend_steps * (first_tok - first_sched) if frontend_steps else frontend_s
+        e2e = e2e + front
+        ttft = ttft + front
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where((out > 1) & ~np.isnan(comp), (comp - first_tok) / (out - 1), NAN)
         normalized = e2e / out
@@ -45,7 +54,7 @@ def request_table(requests, slos: dict | None = None) -> pd.DataFrame:
         "prompt_tokens": col("prompt_tokens", np.int64), "output_tokens": out,
         "predicted_output_tokens": col("predicted_output_tokens", np.int64), "generated_tokens": col("generated", np.int64),
         "first_scheduled_s": first_sched, "first_token_s": first_tok, "completion_s": comp,
-        "ttft_s": first_tok - arrival, "tpot_s": tpot, "tbt_mean_s": tbt[:, 0], "tbt_p99_s": tbt[:, 1],
+        "ttft_s": ttft, "tpot_s": tpot, "tbt_mean_s": tbt[:, 0], "tbt_p99_s": tbt[:, 1],
         "tbt_max_s": tbt[:, 2], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
         "evictions": col("evictions", np.int64), "swaps": col("swaps", np.int64),
         "evicted_tokens": col("evicted_tokens", np.int64), "prefix_hit_tokens": col("hit_tokens", np.int64),
@@ -137,7 +146,9 @@ class SimResult:
     @classmethod
     def from_simulation(cls, sim, slos=None) -> "SimResult":
         slos = slos if slos is not None else getattr(sim, "slos", None)
-        req = request_table(sim.all_requests, slos)
+        overheads = getattr(sim.costmodel, "overheads", None)
+        req = request_table(sim.all_requests, slos, *((overheads.frontend_s, overheads.frontend_steps)
+                                                      if overheads is not None else (0.0, 0.0)))
         it = iteration_table(sim.iters)
         summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions

@@ -34,12 +34,26 @@ def scenario_costmodel(scn: Scenario, model, gpu):
     return build_costmodel(cm_spec, model, gpu, scn.hardware.tp)
 
 
+def scenario_model(scn: Scenario):
+    """The scenario's model: a catalog entry by name, or read from a local config.json; dtype overrides its
+    weight precision."""
+    from costmodels.catalog import load_model_config, with_dtype
+    from sim.paths import resolve_user_path
+    m = scn.model
+    if m.config:
+        spec = load_model_config(resolve_user_path(m.config, scn.base_dir()), name=None if m.name == "llama-2-7b"
+                                 else m.name)
+    else:
+        spec = get_model(m.name)
+    return with_dtype(spec, m.dtype) if m.dtype else spec
+
+
 def build_section(scn: Scenario, section: str):
     """Build one free-form section of a scenario (policy, costmodel or workload): where its keys get checked."""
     if section == "policy":
         return build_policy(scn.policy)
     if section == "costmodel":
-        return scenario_costmodel(scn, get_model(scn.model.name), get_gpu(scn.hardware.gpu))
+        return scenario_costmodel(scn, scenario_model(scn), get_gpu(scn.hardware.gpu))
     return build_workload(scn.workload, np.random.default_rng(scn.seed))
 
 
@@ -80,7 +94,7 @@ def build_memory(scn: Scenario, model, policy, M: int):
 
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
     load_extensions()              # in sweep workers too: a spawned process starts without them
-    model = get_model(scn.model.name)
+    model = scenario_model(scn)
     gpu = get_gpu(scn.hardware.gpu)
     model.check_tp(scn.hardware.tp)
     M = capacity_tokens(scn, model, gpu)

@@ -15,8 +15,11 @@ from sim.metrics import SLO
 
 @dataclass
 class ModelSection:
-    """Which model (a name in costmodels.MODELS) and the serving limit on prompt + output tokens."""
+    """Which model (a name in costmodels.MODELS, or a local Hugging Face config.json) and the serving limit on
+    prompt + output tokens."""
     name: str = "llama-2-7b"
+    config: typing.Optional[str] = None          # a local config.json (or its folder): the model is read from it
+    dtype: typing.Optional[str] = None           # weight precision override (e.g. fp8 for an FP8 checkpoint)
     max_model_len: typing.Optional[int] = None   # null: the model's context length; longer requests are rejected
 
 
@@ -81,6 +84,11 @@ class Scenario:
         for name, d in classes.items():
             out[name] = _from_dict(SLO, expand_slo_preset(d, f"slo.classes.{name}"), f"slo.classes.{name}")
         return out
+
+    def base_dir(self):
+        """The folder of the scenario file (relative paths inside it resolve there first), or None."""
+        p = Path(self.source) if self.source else None
+        return p.parent if p is not None and p.suffix in (".yaml", ".yml") else None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -1,0 +1,249 @@
+"""`servesim validate`: simulate the measured vLLM v0.15.1 deployments in ../shared/data/validation and compare.
+
+Each experiment becomes a scenario (simulation_scenario): the deployment's model (FP8 checkpoints included), H100
+SXM, tensor parallelism, vLLM v1's scheduler with its max_num_seqs and max_num_batched_tokens, prefix caching on,
+the KV blocks vLLM reported (GPU, and the CPU offload tier), max_model_len 4096, the default cost model with the
+`vllm` overheads, and the load generator's workload (inference-perf shared_prefix, constant load stages). Facts the
+data README states about the workload are inputs, not fits: the chat template's tokens (measured mean prompt
+minus system prompt and question) and the base models' measured mean outputs where they stop at end-of-sequence.
+
+Metrics as the client measured them: e2e and TTFT mean/p90/p99 over every request (all stages), and ITL as the
+mean gap between streamed tokens over all requests (token-weighted). Errors are absolute percentage errors; the
+experiments the overhead fit used (profiles/overheads.yaml, `fit_experiments`) are marked, and the medians are
+given over all experiments and over the held-out ones."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from costmodels.catalog import get_model, model_by_hf_id
+from costmodels.errors import UserError
+from sim.paths import shared_data_dir
+
+METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
+MEAN_METRICS = ("e2e_mean", "ttft_mean", "itl_mean")
+BLOCK = 16
+HARDWARE = {"H100": "h100-sxm"}
+
+# From the data README (measured on the deployments, not fitted here): mean prompt lengths per workload minus the
+# system prompt and question (the chat template's tokens), and the base models' mean outputs where they stop early.
+TEMPLATE_TOKENS = {"general-lite": 26, "codegen": 25, "roleplay": 35, "reasoning-lite": 48}
+BASE_MODEL_MEAN_OUTPUT = {("meta-llama/Llama-2-7b-hf", "codegen"): 195,
+                          ("meta-llama/Llama-2-7b-hf", "reasoning-lite"): 1120}
+# The spread of those early stops is not in the README: a coefficient of variation of 0.13 is read off training
+# experiment 67 (e2e p90 and p99 over its mean ITL: about 1,320 and 1,430 tokens around its 1,120 mean).
+BASE_MODEL_OUTPUT_CV = 0.13
+
+
+def data_dir(given=None) -> Path:
+    if given:
+        d = Path(given)
+    else:
+        root = shared_data_dir()
+        if root is None:
+            raise UserError("validate: ../shared/data is absent; give --data DIR (a folder with experiments.csv and "
+                            "workloads.yaml)")
+        d = root / "validation" / "vllm-0.15.1"
+    for f in ("experiments.csv", "workloads.yaml"):
+        if not (d / f).is_file():
+            raise UserError(f"validate: {d / f} does not exist (expected the vllm-0.15.1 validation folder)")
+    return d
+
+
+def load_experiments(folder: Path):
+    import pandas as pd
+    import yaml
+    exps = pd.read_csv(folder / "experiments.csv", dtype={"exp_id": str})
+    workloads = (yaml.safe_load((folder / "workloads.yaml").read_text()) or {}).get("workloads", {})
+    return exps, workloads
+
+
+def experiment_model(row):
+    """The catalog model for an experiment, or (None, why)."""
+    m = model_by_hf_id(row["hf_model"])
+    if m is None:
+        return None, f"model {row['hf_model']} is not in the catalog (add it, or import its config.json)"
+    if str(row.get("precision", "FP16")).upper() == "FP8" and m.dtype != "fp8":
+        fp8 = m.name + "-fp8"
+        try:
+            m = get_model(fp8)
+        except UserError:
+            from costmodels.catalog import with_dtype
+            m = with_dtype(m, "fp8")
+    return m, None
+
+
+def simulation_scenario(row, workloads, overheads="vllm") -> dict:
+    """The scenario mapping that reproduces one measured deployment."""
+    m, why = experiment_model(row)
+    if m is None:
+        raise UserError(f"experiment {row['exp_id']}: {why}")
+    gpu = HARDWARE.get(str(row["hardware"]))
+    if gpu is None:
+        raise UserError(f"experiment {row['exp_id']}: hardware {row['hardware']!r} is not mapped; known: "
+                        f"{', '.join(HARDWARE)}")
+    wl_name = row["workload"]
+    if wl_name not in workloads:
+        raise UserError(f"experiment {row['exp_id']}: workload {wl_name!r} is not in workloads.yaml")
+    wl = workloads[wl_name]
+    sp = dict(wl["shared_prefix"])
+    tp = int(row["tp"])
+    kv_token = m.kv_bytes_per_token(None, tp)
+    cpu_gib = float(row["vllm_kv_blocks_cpu"]) * BLOCK * kv_token / 1024 ** 3
+    workload = {"kind": "shared_prefix", "stages": [dict(s) for s in wl["stages"]],
+                "num_groups": sp["num_unique_system_prompts"], "num_prompts_per_group": sp["num_users_per_system_prompt"],
+                "system_prompt_len": sp["system_prompt_len"], "question_len": sp["question_len"],
+                "output_len": sp["output_len"], "template_tokens": TEMPLATE_TOKENS.get(wl_name, 0),
+                "enable_multi_turn_chat": bool(sp.get("enable_multi_turn_chat", True)), "history": "repeat",
+                "max_model_len": 4096}
+    mean_out = BASE_MODEL_MEAN_OUTPUT.get((row["hf_model"], wl_name))
+    if mean_out:
+        workload["mean_output_tokens"] = mean_out
+        workload["output_cv"] = BASE_MODEL_OUTPUT_CV
+    return {
+        "name": f"vllm-{row['exp_id']}", "seed": 0,
+        "model": {"name": m.name, "max_model_len": 4096, **({"dtype": "fp8"} if m.dtype == "fp8" and
+                                                             not m.name.endswith("fp8") else {})},
+        "hardware": {"gpu": gpu, "tp": tp, "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
+                     "host_memory_gib": 2048},
+        "memory": {"M": int(row["vllm_kv_blocks_gpu"]) * BLOCK, "block_size": BLOCK, "prefix_caching": True,
+                   "cpu_offload_gib": round(cpu_gib, 6), "swap_space_gib": 0},
+        "policy": {"name": "vllm-v1", "C": int(row["max_num_batched_tokens"]), "P": int(row["max_num_batched_tokens"]),
+                   "R_max": int(row["max_num_seqs"])},
+        "costmodel": {"kind": "auto", "overheads": overheads},
+        "workload": workload,
+        "sim": {"record_iterations": False},
+    }
+
+
+def predicted_metrics(res) -> dict:
+    """The client-side metrics of a run, in milliseconds."""
+    req = res.requests
+    done = req[req["status"] == "done"]
+    out = {}
+    for col, name in (("e2e_s", "e2e"), ("ttft_s", "ttft")):
+        v = done[col].to_numpy(float)
+        out[f"{name}_mean"] = 1e3 * float(v.mean())
+        out[f"{name}_p90"] = 1e3 * float(np.percentile(v, 90))
+        out[f"{name}_p99"] = 1e3 * float(np.percentile(v, 99))
+    gaps = (done["completion_s"] - done["first_token_s"]).to_numpy(float)
+    tokens = (done["output_tokens"] - 1).to_numpy(float)
+    out["itl_mean"] = 1e3 * float(gaps.sum() / tokens.sum()) if tokens.sum() > 0 else math.nan
+    out["completed"] = int(len(done))
+    out["prefix_hit_rate"] = float(res.summary.get("prefix_hit_rate", math.nan))
+    return out
+
+
+def run_experiment(row, workloads, overheads="vllm") -> dict:
+    """Simulate one experiment; returns measured, predicted and APE per metric (or why it cannot run)."""
+    from sim.cluster.runner import run_scenario
+    from sim.scenario.config import scenario_from_dict
+    rec = {"exp_id": str(row["exp_id"]), "model": row["hf_model"], "tp": int(row["tp"]),
+           "precision": row.get("precision", "FP16"), "workload": row["workload"]}
+    try:
+        scn = scenario_from_dict(simulation_scenario(row, workloads, overheads), source=f"experiment {row['exp_id']}")
+    except UserError as e:
+        rec["skipped"] = str(e)
+        return rec
+    t0 = time.perf_counter()
+    res = run_scenario(scn)
+    rec["wall_s"] = round(time.perf_counter() - t0, 2)
+    pred = predicted_metrics(res)
+    rec["costmodel"] = res.meta.get("costmodel", "")
+    rec["completed"] = pred.pop("completed")
+    rec["requests"] = int(res.summary["requests"])
+    rec["prefix_hit_rate"] = round(pred.pop("prefix_hit_rate"), 4)
+    rec["measured_ms"] = {k: float(row[f"{k}_ms"]) for k in METRICS}
+    rec["predicted_ms"] = {k: round(v, 3) for k, v in pred.items()}
+    rec["ape_pct"] = {k: round(100 * abs(pred[k] - rec["measured_ms"][k]) / rec["measured_ms"][k], 2) for k in METRICS}
+    return rec
+
+
+def fit_experiments() -> list:
+    """Experiments the shipped `vllm` overheads were fitted on (their errors are not held-out)."""
+    from costmodels.base import overhead_presets
+    return [str(x) for x in overhead_presets().get("vllm", {}).get("provenance", {}).get("fit_experiments", [])]
+
+
+def summarize(records) -> dict:
+    ran = [r for r in records if "ape_pct" in r]
+    fitted = set(fit_experiments())
+    out = {}
+    for label, sel in (("all", ran), ("held_out", [r for r in ran if r["exp_id"] not in fitted])):
+        if sel:
+            out[label] = {k: round(float(np.median([r["ape_pct"][k] for r in sel])), 2) for k in METRICS}
+            out[label]["experiments"] = len(sel)
+    for tp in sorted({r["tp"] for r in ran}):
+        sel = [r for r in ran if r["tp"] == tp]
+        out[f"tp{tp}"] = {k: round(float(np.median([r["ape_pct"][k] for r in sel])), 2) for k in MEAN_METRICS}
+        out[f"tp{tp}"]["experiments"] = len(sel)
+    return out
+
+
+def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1) -> dict:
+    exps, workloads = load_experiments(data_dir(folder))
+    rows = [r for _, r in exps.iterrows() if not only or str(r["exp_id"]) in only]
+    if only:
+        missing = set(only) - {str(r["exp_id"]) for r in rows}
+        if missing:
+            raise UserError(f"validate --only: unknown experiment id(s) {', '.join(sorted(missing))}; known: "
+                            f"{', '.join(map(str, exps['exp_id']))}")
+    if jobs > 1:
+        from sim.study.executors import run_tasks
+        tasks = [(run_experiment, (row, workloads, overheads), str(row["exp_id"])) for row in rows]
+        records = [r for _, r in run_tasks(tasks, jobs=jobs)]
+        order = {str(r["exp_id"]): i for i, r in enumerate(rows)}
+        records.sort(key=lambda r: order[r["exp_id"]])
+    else:
+        records = [run_experiment(row, workloads, overheads) for row in rows]
+    return {"experiments": records, "summary": summarize(records), "fit_experiments": fit_experiments()}
+
+
+def format_report(result) -> str:
+    fitted = set(result["fit_experiments"])
+    lines = [f"{'exp':>16} {'model':<44} tp {'workload':<14}" + "".join(f"{m:>15}" for m in METRICS)]
+    for r in result["experiments"]:
+        name = f"{r['model'][:43]}{'*' if r['exp_id'] in fitted else ''}"
+        if "skipped" in r:
+            lines.append(f"{r['exp_id']:>16} {name:<44} {r['tp']:>2} {r['workload']:<14} not run: {r['skipped']}")
+            continue
+        cells = "".join(f"{r['measured_ms'][m]:>7.0f}/{r['predicted_ms'][m]:<7.0f}" for m in METRICS)
+        lines.append(f"{r['exp_id']:>16} {name:<44} {r['tp']:>2} {r['workload']:<14}{cells}")
+        lines.append(f"{'':>16} {'APE %':<44} {'':>2} {'':<14}" + "".join(f"{r['ape_pct'][m]:>15.1f}" for m in METRICS))
+    lines.append("measured/predicted ms; * = an experiment the overheads were fitted on")
+    for label, d in result["summary"].items():
+        keys = METRICS if label in ("all", "held_out") else MEAN_METRICS
+        lines.append(f"median APE % {label:<9} ({d['experiments']} exp): " +
+                     ", ".join(f"{k} {d[k]:.1f}" for k in keys))
+    return "\n".join(lines)
+
+
+def cmd_validate(args) -> int:
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    result = run_validation(args.data, only, args.overheads, args.jobs)
+    print(format_report(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def register(sub) -> None:
+    v = sub.add_parser("validate", help="simulate the measured vLLM deployments (../shared/data/validation) and "
+                                        "print measured vs predicted latency with errors")
+    v.add_argument("--data", help="folder with experiments.csv and workloads.yaml (default: the shared data)")
+    v.add_argument("--only", help="comma-separated experiment ids")
+    v.add_argument("--overheads", default="vllm", help="overheads preset for the cost model (default: vllm; none)")
+    v.add_argument("--jobs", type=int, default=1, help="experiments run in parallel processes")
+    v.add_argument("--out", help="write the records and medians as JSON")
+    v.set_defaults(func=cmd_validate)
+
+
+if __name__ == "__main__":
+    sys.exit(0)
