@@ -37,8 +37,8 @@ class BatchShape:
 
 
 DEQUANT_MODES = ("fused", "separate")
-OVERHEAD_KEYS = ("step_s", "per_seq_s", "frontend_s", "frontend_steps", "kernel_overhead_scale",
-                 "decode_attention_scale")
+OVERHEAD_KEYS = ("step_s", "per_seq_s", "frontend_s", "frontend_per_token_s", "frontend_steps",
+                 "kernel_overhead_scale", "decode_attention_scale")
 
 
 @dataclass
@@ -47,17 +47,19 @@ class Overheads:
 
     step_s + per_seq_s · (sequences in the batch) is added to every iteration: scheduling, preparing inputs,
     launching the step, processing outputs (detokenising, stop checks) that the engine does not overlap with the
-    GPU. frontend_s + frontend_steps × (the request's first step) is added to its TTFT and end-to-end latency:
-    HTTP handling, tokenisation and the hand-off into the engine, and streaming the tokens back, which trails the
-    engine by a fraction of a step as the front end's event loop serves every running stream. Two factors say how an engine's runtime differs from
-    kernels timed one by one (roofline v2 and profiled): kernel_overhead_scale multiplies every kernel's fixed time
+    GPU. frontend_s + frontend_per_token_s × (prompt tokens) + frontend_steps × (the request's first step) is added
+    to its TTFT and end-to-end latency: HTTP handling, tokenisation and the hand-off into the engine (growing with
+    the prompt), and streaming the tokens back, which trails the engine by a fraction of a step as the front end's
+    event loop serves every running stream. Two factors say how an engine's runtime differs from kernels timed one
+    by one (roofline v2 and profiled): kernel_overhead_scale multiplies every kernel's fixed time
     (CUDA graphs remove most launch gaps), decode_attention_scale the decode attention's KV-read time (the
     engine's attention kernel against the profiled one); the first also scales the fixed time of vLLM's custom
-    all-reduce, whose published times were taken without CUDA graphs. Zero and one by default (InferMax's model has none); the
-    `vllm` preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
+    all-reduce, whose published times were taken without CUDA graphs. Zero and one by default (InferMax's model
+    has none); the `vllm` preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
     step_s: float = 0.0
     per_seq_s: float = 0.0
     frontend_s: float = 0.0
+    frontend_per_token_s: float = 0.0
     frontend_steps: float = 0.0
     kernel_overhead_scale: float = 1.0
     decode_attention_scale: float = 1.0
@@ -151,8 +153,8 @@ class CostModel:
         pair = f"{self.model.name} on {self.gpu.name}, tp={self.tp}" if self.model is not None and self.gpu is not None \
             else "no catalog pair"
         o = getattr(self, "overheads", None)
-        over = f"; overheads {o.provenance.get('preset', 'custom')}" if o is not None and (o.step_s or o.per_seq_s or
-                                                                                          o.frontend_s) else ""
+        over = f"; overheads {o.provenance.get('preset', 'custom')}" if o is not None and (
+            o.step_s or o.per_seq_s or o.frontend_s or o.frontend_per_token_s) else ""
         return f"{what} ({pair}){over}"
 
     def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface

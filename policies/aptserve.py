@@ -82,6 +82,9 @@ class AptServe(Policy):
         self.knapsacks: list = []
 
     # -- memory -------------------------------------------------------------------------------------------
+    def profile_batch(self):
+        return self.config.max_batched_tokens, self.config.max_num_seqs
+
     def kv_layout(self, memory, costmodel):
         return ("hidden_cache", {"kv_only": self.config.cache == "kv_only"})
 

@@ -66,6 +66,11 @@ class Policy:
         """Called once when the simulation is built, before feasibility checks: settle defaults that depend on
         the hardware (vLLM v1 picks its budgets by GPU)."""
 
+    def profile_batch(self) -> tuple[int, int]:
+        """(tokens, sequences) of the largest step this policy may run, after prepare(): what a vLLM-style engine
+        profiles to size its KV cache (costmodels.memory). Default: vLLM's small-GPU defaults, 2048 and 256."""
+        return 2048, 256
+
     def bind(self, view) -> None:
         """Called once before the run, with the engine's view."""
 

@@ -121,6 +121,10 @@ class UnifiedScheduler(Policy):
         tokens, seqs = (8192, 1024) if big else (2048, 256)
         self._limits(tokens if c.C == -1 else c.C, c.P, seqs if c.R_max == -1 else c.R_max)
 
+    def profile_batch(self):
+        tokens = self.C if self.C < UNLIMITED else self.config.max_model_len
+        return int(tokens), int(self.R_max or 256)
+
     # -- feasibility ------------------------------------------------------------------------------------------
     def infeasible_reason(self, req, capacity_tokens, block_size):
         c = self.config

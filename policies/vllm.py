@@ -72,6 +72,9 @@ class VLLMv0Scheduler(Policy):
     def watermark_default(self) -> float:
         return self.config.watermark
 
+    def profile_batch(self):
+        return self.budget, self.config.max_num_seqs
+
     def infeasible_reason(self, req, capacity_tokens, block_size):
         why = super().infeasible_reason(req, capacity_tokens, block_size)
         if why:

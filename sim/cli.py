@@ -61,6 +61,7 @@ def cmd_run(args) -> int:
         print(f"warning: run truncated at sim.max_iterations={scn.sim.max_iterations}; "
               f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)
     print_summary(res.summary, f"{scn.name}: policy={scn.policy.get('name')} M={res.capacity_tokens} tokens")
+    print(f"  {res.meta['memory_text']}")
     if args.out:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")

@@ -52,6 +52,7 @@ def test_replicas_for_a_target_rate_divide_the_load():
 # The same seed at every rate only rescales the gaps (gap_i = e_i / rate), so the capacity is min_i(e_i) / t1.
 N = 40
 SINGLE = {"name": "single-token", "seed": 3, "memory": {"M": 1000, "block_size": 1}, "policy": {"name": "vllm"},
+          "costmodel": {"kind": "linear"},       # no front-end time: TTFT alone is exactly one iteration
           "workload": {"kind": "poisson", "num_requests": N, "rate": 1.0, "prompt": 1, "output": 1}}
 
 

@@ -10,6 +10,7 @@ from tests.kv_invariants import instrument
 
 def _sim(policy, workload=None, M=12288, requests=None, **mem):
     raw = {"seed": 0, "memory": {"M": M, "block_size": 32, "swap_space_gib": 8, **mem}, "policy": policy,
+           "costmodel": {"kind": "linear"},     # the load levels below were chosen on this model
            "workload": workload or {"kind": "econoserve-sharegpt", "num_requests": 150, "rate": 12.0}}
     return build_simulation(scenario_from_dict(raw), requests)
 

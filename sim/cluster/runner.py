@@ -29,5 +29,9 @@ def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
                     costmodel=sim.costmodel.describe() if hasattr(sim.costmodel, "describe") else "",
                     wall_s=time.perf_counter() - t0, infeasible_ids=[r.id for r in sim.infeasible],
                     infeasible_reasons=infeasible_counts(sim.infeasible))
+    breakdown = getattr(sim, "memory_breakdown", None)
+    res.meta["memory"] = breakdown.as_dict() if breakdown is not None else {"M": sim.memory.capacity_tokens,
+                                                                             "given": True}
+    res.meta["memory_text"] = breakdown.describe() if breakdown is not None else "KV M given by memory.M"
     res.summary["wall_s"] = res.meta["wall_s"]
     return res

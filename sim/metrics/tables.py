@@ -22,13 +22,12 @@ class SLO:
     normalized_latency_s: float | None = None
 
 
-def request_table(requests, slos: dict | None = None, frontend_s: float = 0.0,
-                  frontend_steps: float = 0.0) -> pd.DataFrame:
+def request_table(requests, slos: dict | None = None, overheads=None) -> pd.DataFrame:
     """One row per request, finished or not (unfinished rows have NaN times). Built column-wise: the same float
-    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed. `frontend_s`
-    (the cost model's per-request front-end overhead) plus `frontend_steps` × the request's first step is added to
-    TTFT and end-to-end latency, as a client measures them; the engine-side times (first_token_s, completion_s)
-    stay as the engine saw them."""
+    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed. The cost model's
+    front-end overheads (costmodels.base.Overheads: frontend_s + frontend_per_token_s × prompt tokens +
+    frontend_steps × the request's first step) are added to TTFT and end-to-end latency, as a client measures them;
+    the engine-side times (first_token_s, completion_s) stay as the engine saw them."""
     reqs = list(requests)
 
     def col(name, dtype=None):
@@ -42,8 +41,11 @@ def request_table(requests, slos: dict | None = None, frontend_s: float = 0.0,
     tbt = np.array([r.tbt or (NAN, NAN, NAN) for r in reqs], dtype=float).reshape(-1, 3)
     e2e = comp - arrival
     ttft = first_tok - arrival
-    if frontend_s or frontend_steps:
-        front = frontend_s + frontend_steps * (first_tok - first_sched) if frontend_steps else frontend_s
+    o = overheads
+    if o is not None and (o.frontend_s or o.frontend_steps or o.frontend_per_token_s):
+        front = o.frontend_s + o.frontend_per_token_s * col("prompt_tokens", float)
+        if o.frontend_steps:
+            front = front + o.frontend_steps * (first_tok - first_sched)
         e2e = e2e + front
         ttft = ttft + front
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -147,8 +149,7 @@ class SimResult:
     def from_simulation(cls, sim, slos=None) -> "SimResult":
         slos = slos if slos is not None else getattr(sim, "slos", None)
         overheads = getattr(sim.costmodel, "overheads", None)
-        req = request_table(sim.all_requests, slos, *((overheads.frontend_s, overheads.frontend_steps)
-                                                      if overheads is not None else (0.0, 0.0)))
+        req = request_table(sim.all_requests, slos, overheads)
         it = iteration_table(sim.iters)
         summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels import build_costmodel, get_gpu, get_model, kv_capacity_tokens
+from costmodels import build_costmodel, get_gpu, get_model
+from costmodels.memory import fixed_reserve_breakdown, vllm_memory_breakdown
 from costmodels.catalog import GiB
 from costmodels.errors import UserError
 from policies import build_policy
@@ -16,14 +17,28 @@ from sim.engine.request import Request
 from traces import build_workload
 
 
-def capacity_tokens(scn: Scenario, model, gpu) -> int:
+def memory_breakdown(scn: Scenario, model, gpu, policy=None, costmodel=None):
+    """How GPU memory splits into weights, reservations and KV (costmodels.memory), or None when memory.M is given.
+    With memory.activation_reserve_gib null the reservations are vLLM's, for the policy's largest step."""
+    m, hw = scn.memory, scn.hardware
+    if m.M is not None:
+        return None
+    if m.activation_reserve_gib is not None:
+        return fixed_reserve_breakdown(model, gpu, hw.gpu_memory_utilization, hw.tp, m.activation_reserve_gib * GiB,
+                                       m.kv_dtype)
+    policy = policy or build_policy(scn.policy)
+    policy.prepare(costmodel if costmodel is not None else scenario_costmodel(scn, model, gpu))
+    tokens, seqs = policy.profile_batch()
+    return vllm_memory_breakdown(model, gpu, hw.gpu_memory_utilization, hw.tp, tokens, seqs, m.kv_dtype)
+
+
+def capacity_tokens(scn: Scenario, model, gpu, policy=None, costmodel=None) -> int:
     m = scn.memory
     if m.M is not None:
         if m.M <= 0:
             raise UserError(f"memory.M: must be a positive number of KV tokens, got {m.M}")
         return int(m.M)
-    return kv_capacity_tokens(model, gpu, scn.hardware.gpu_memory_utilization, scn.hardware.tp,
-                              m.activation_reserve_gib * GiB, m.kv_dtype)
+    return memory_breakdown(scn, model, gpu, policy, costmodel).kv_tokens
 
 
 def scenario_costmodel(scn: Scenario, model, gpu):
@@ -97,9 +112,10 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     model = scenario_model(scn)
     gpu = get_gpu(scn.hardware.gpu)
     model.check_tp(scn.hardware.tp)
-    M = capacity_tokens(scn, model, gpu)
     cm = scenario_costmodel(scn, model, gpu)
     policy = build_policy(scn.policy)
+    breakdown = memory_breakdown(scn, model, gpu, policy, cm)
+    M = breakdown.kv_tokens if breakdown is not None else capacity_tokens(scn, model, gpu)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
         requests = requests_from_table(build_workload(scn.workload, rng))
@@ -113,4 +129,5 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
                      record_iterations=s.record_iterations, fast_forward=s.fast_forward,
                      max_model_len=scn.model.max_model_len or model.max_context)
     sim.slos = scn.slos()
+    sim.memory_breakdown = breakdown
     return sim

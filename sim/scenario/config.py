@@ -39,7 +39,8 @@ class MemorySection:
     block_size: int = 16
     watermark: typing.Optional[float] = None     # admission watermark (fraction of blocks); null: the policy's engine
     swap_space_gib: float = 4.0
-    activation_reserve_gib: float = 0.0
+    activation_reserve_gib: typing.Optional[float] = None   # null: vLLM's profiling reservations for the policy's
+                                                            # largest step (costmodels.memory); a number replaces them
     kv_dtype: typing.Optional[str] = None
     kv_quant_bits: int = 16            # store KV quantized (8 = INT8, ALISE): M holds 16/bits × tokens; reads pay dequant
     prefix_caching: typing.Optional[bool] = None   # automatic prefix caching; null: the policy's engine default
@@ -62,7 +63,7 @@ class Scenario:
     seed: int = 0
     model: ModelSection = field(default_factory=ModelSection)
     hardware: HardwareSection = field(default_factory=HardwareSection)
-    costmodel: dict = field(default_factory=lambda: {"kind": "linear"})
+    costmodel: dict = field(default_factory=lambda: {"kind": "auto"})
     memory: MemorySection = field(default_factory=MemorySection)
     policy: dict = field(default_factory=lambda: {"name": "vllm"})
     workload: dict = field(default_factory=lambda: {"kind": "offline", "num_requests": 1024,
@@ -186,7 +187,7 @@ _RANGES = (
     ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
-    ("memory", "activation_reserve_gib", lambda v: v >= 0, ">= 0"),
+    ("memory", "activation_reserve_gib", lambda v: v is None or v >= 0, ">= 0 or null"),
     ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
     ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),

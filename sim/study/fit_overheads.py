@@ -27,6 +27,7 @@ from sim.study.validate import data_dir, load_experiments, run_experiment
 DEFAULT_TRAIN = ("67", "64", "62", "60", "17")
 # name: (scale of the search variable, start, lower, upper)
 PARAMS = {"step_s": (1e-3, 0.6, 0, 50), "per_seq_s": (1e-5, 1.6, 0, 100), "frontend_s": (1e-2, 1.6, 0, 20),
+          "frontend_per_token_s": (1e-5, 1.0, 0, 100),
           "frontend_steps": (1.0, 0.5, 0, 4.0), "kernel_overhead_scale": (1.0, 0.3, 0, 1.0),
           "decode_attention_scale": (1.0, 1.7, 0.5, 3.0)}
 DEFAULT_FIT = ("step_s", "frontend_s", "frontend_steps", "kernel_overhead_scale", "decode_attention_scale")

@@ -35,7 +35,7 @@ CANONICAL_SCENARIOS = {
     },
 }
 CANONICAL_POLICIES = ("vllm", "sarathi", "vllm-v1", "sarathi-p=c")
-CANONICAL_RATES = {"chat": (4.0, 12.0, 24.0), "long-prompt": (2.0, 5.0, 8.0)}
+CANONICAL_RATES = {"chat": (4.0, 12.0, 24.0), "long-prompt": (1.0, 4.0, 8.0)}
 
 
 @dataclass(frozen=True)

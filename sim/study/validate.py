@@ -78,8 +78,19 @@ def experiment_model(row):
     return m, None
 
 
-def simulation_scenario(row, workloads, overheads="vllm") -> dict:
-    """The scenario mapping that reproduces one measured deployment."""
+def predicted_kv_blocks(row) -> int:
+    """The GPU KV blocks costmodels.memory predicts vLLM allocates for this deployment (profiles/vllm-memory.yaml)."""
+    from costmodels.catalog import get_gpu
+    from costmodels.memory import vllm_memory_breakdown
+    m, _ = experiment_model(row)
+    b = vllm_memory_breakdown(m, get_gpu(HARDWARE[str(row["hardware"])]), float(row["gpu_memory_utilization"]),
+                              int(row["tp"]), int(row["max_num_batched_tokens"]), int(row["max_num_seqs"]))
+    return b.kv_tokens // BLOCK
+
+
+def simulation_scenario(row, workloads, overheads="vllm", kv="measured") -> dict:
+    """The scenario mapping that reproduces one measured deployment; kv="predicted" sizes M as vLLM would
+    (costmodels.memory) instead of taking the blocks the deployment reported."""
     m, why = experiment_model(row)
     if m is None:
         raise UserError(f"experiment {row['exp_id']}: {why}")
@@ -111,7 +122,8 @@ def simulation_scenario(row, workloads, overheads="vllm") -> dict:
                                                              not m.name.endswith("fp8") else {})},
         "hardware": {"gpu": gpu, "tp": tp, "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
                      "host_memory_gib": 2048},
-        "memory": {"M": int(row["vllm_kv_blocks_gpu"]) * BLOCK, "block_size": BLOCK, "prefix_caching": True,
+        "memory": {"M": int(row["vllm_kv_blocks_gpu"]) * BLOCK if kv == "measured" else None,
+                   "block_size": BLOCK, "prefix_caching": True,
                    "cpu_offload_gib": round(cpu_gib, 6), "swap_space_gib": 0},
         "policy": {"name": "vllm-v1", "C": int(row["max_num_batched_tokens"]), "P": int(row["max_num_batched_tokens"]),
                    "R_max": int(row["max_num_seqs"])},
@@ -139,14 +151,16 @@ def predicted_metrics(res) -> dict:
     return out
 
 
-def run_experiment(row, workloads, overheads="vllm") -> dict:
+def run_experiment(row, workloads, overheads="vllm", kv="measured") -> dict:
     """Simulate one experiment; returns measured, predicted and APE per metric (or why it cannot run)."""
     from sim.cluster.runner import run_scenario
     from sim.scenario.config import scenario_from_dict
     rec = {"exp_id": str(row["exp_id"]), "model": row["hf_model"], "tp": int(row["tp"]),
            "precision": row.get("precision", "FP16"), "workload": row["workload"]}
     try:
-        scn = scenario_from_dict(simulation_scenario(row, workloads, overheads), source=f"experiment {row['exp_id']}")
+        scn = scenario_from_dict(simulation_scenario(row, workloads, overheads, kv), source=f"experiment {row['exp_id']}")
+        rec["kv_blocks"] = {"measured": int(row["vllm_kv_blocks_gpu"]), "predicted": predicted_kv_blocks(row),
+                            "simulated": "measured" if kv == "measured" else "predicted"}
     except UserError as e:
         rec["skipped"] = str(e)
         return rec
@@ -185,7 +199,7 @@ def summarize(records) -> dict:
     return out
 
 
-def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1) -> dict:
+def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="measured") -> dict:
     exps, workloads = load_experiments(data_dir(folder))
     rows = [r for _, r in exps.iterrows() if not only or str(r["exp_id"]) in only]
     if only:
@@ -195,13 +209,13 @@ def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1) -> d
                             f"{', '.join(map(str, exps['exp_id']))}")
     if jobs > 1:
         from sim.study.executors import run_tasks
-        tasks = [(run_experiment, (row, workloads, overheads), str(row["exp_id"])) for row in rows]
+        tasks = [(run_experiment, (row, workloads, overheads, kv), str(row["exp_id"])) for row in rows]
         records = [r for _, r in run_tasks(tasks, jobs=jobs)]
         order = {str(r["exp_id"]): i for i, r in enumerate(rows)}
         records.sort(key=lambda r: order[r["exp_id"]])
     else:
-        records = [run_experiment(row, workloads, overheads) for row in rows]
-    return {"experiments": records, "summary": summarize(records), "fit_experiments": fit_experiments()}
+        records = [run_experiment(row, workloads, overheads, kv) for row in rows]
+    return {"experiments": records, "summary": summarize(records), "fit_experiments": fit_experiments(), "kv": kv}
 
 
 def format_report(result) -> str:
@@ -214,8 +228,11 @@ def format_report(result) -> str:
             continue
         cells = "".join(f"{r['measured_ms'][m]:>7.0f}/{r['predicted_ms'][m]:<7.0f}" for m in METRICS)
         lines.append(f"{r['exp_id']:>16} {name:<44} {r['tp']:>2} {r['workload']:<14}{cells}")
-        lines.append(f"{'':>16} {'APE %':<44} {'':>2} {'':<14}" + "".join(f"{r['ape_pct'][m]:>15.1f}" for m in METRICS))
-    lines.append("measured/predicted ms; * = an experiment the overheads were fitted on")
+        kvb = r["kv_blocks"]
+        label = f"APE %   (KV blocks: {kvb['measured']} measured, {kvb['predicted']} predicted)"
+        lines.append(f"{'':>16} {label:<62}" + "".join(f"{r['ape_pct'][m]:>15.1f}" for m in METRICS))
+    lines.append(f"measured/predicted ms; * = an experiment the overheads were fitted on; simulated with the "
+                 f"{result.get('kv', 'measured')} KV blocks")
     for label, d in result["summary"].items():
         keys = METRICS if label in ("all", "held_out") else MEAN_METRICS
         lines.append(f"median APE % {label:<9} ({d['experiments']} exp): " +
@@ -225,7 +242,7 @@ def format_report(result) -> str:
 
 def cmd_validate(args) -> int:
     only = [x.strip() for x in args.only.split(",")] if args.only else None
-    result = run_validation(args.data, only, args.overheads, args.jobs)
+    result = run_validation(args.data, only, args.overheads, args.jobs, args.kv)
     print(format_report(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -241,6 +258,8 @@ def register(sub) -> None:
     v.add_argument("--only", help="comma-separated experiment ids")
     v.add_argument("--overheads", default="vllm", help="overheads preset for the cost model (default: vllm; none)")
     v.add_argument("--jobs", type=int, default=1, help="experiments run in parallel processes")
+    v.add_argument("--kv", choices=("measured", "predicted"), default="measured",
+                   help="KV blocks to simulate with: the deployment's reported ones (default) or costmodels.memory's")
     v.add_argument("--out", help="write the records and medians as JSON")
     v.set_defaults(func=cmd_validate)
 
