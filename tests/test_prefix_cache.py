@@ -64,6 +64,23 @@ def test_a_fully_cached_prompt_still_computes_its_last_block():
     assert res.requests.prefix_hit_tokens.tolist() == [0, 48]
 
 
+def test_a_later_turn_hits_the_previous_answer_and_private_blocks_stay_unnamed():
+    """Turn 2 repeats turn 1's prompt and answer (("g", 0) names request 0's generated tokens): it hits the blocks
+    turn 1 decoded. A finished request's own (private) blocks are never named, since nobody can hit them."""
+    sys_ = (("sys", 0), 64)
+    turn1 = req(0, 64, 40, 0.0, prefix=(sys_,))
+    turn2 = req(1, 64 + 40 + 30, 5, 50.0, prefix=(sys_, (("g", 0), 40)))
+    other = req(2, 200, 40, 100.0)                          # no prefix identity at all
+    sim, res = run([turn1, turn2, other])
+    # turn 1 holds KV for 64 + 39 tokens (its last token has none): 6 full blocks, the system prompt's 4 and two of
+    # its answer; turn 2 (134 tokens, same first 104) hits exactly those 6 = 96 tokens
+    assert res.requests.prefix_hit_tokens.tolist() == [0, 96, 0]
+    mem = sim.memory
+    assert mem.generation_refs == {0}
+    named_by_2 = len(mem.chains.chain(other, 0))            # nothing was ever named for request 2's content
+    assert named_by_2 == 0 and other.chain[3] == 0
+
+
 def test_requests_without_prefix_identity_never_hit_each_other():
     _, res = run([req(0, 200, 3, 0.0), req(1, 200, 3, 5.0)])
     assert res.requests.prefix_hit_tokens.tolist() == [0, 0]

@@ -76,6 +76,8 @@ class Simulation:
             else:
                 feasible.append(r)
         self.requests = feasible
+        if hasattr(memory, "bind_requests"):       # prefix caching: which answers later prompts repeat
+            memory.bind_requests(feasible)
         self.completed = 0
         self.arrived = 0
         self.tokens_generated = 0

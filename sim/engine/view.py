@@ -109,8 +109,8 @@ class ReplicaView:
         if req.cached >= req.input_tokens:         # decode-phase eviction: generated tokens join the prompt
             req.input_tokens = req.cached + 1
         req.evicted_tokens += req.cached
+        self.memory.free(req)              # before forgetting them: prefix caching keeps its computed blocks
         req.cached = 0
-        self.memory.free(req)
         req.state = WAITING
         req.evictions += 1
         (self.waiting.appendleft if front else self.waiting.append)(req)

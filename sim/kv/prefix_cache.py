@@ -36,6 +36,20 @@ from costmodels.errors import UserError
 from sim.kv.paged import KVCacheManager
 
 
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def new_chain() -> list:
+    """A request's chain record: ids, state after the walked tokens, tokens walked, blocks that may carry an
+    identity (None: not yet known)."""
+    return [[], (-1, ()), 0, None]
+
+
 class BlockChains:
     """Interns block identities for one block size and extends each request's chain on demand."""
 
@@ -43,6 +57,7 @@ class BlockChains:
         self.block_size = block_size
         self.ids: dict = {}          # (parent id, content pieces) → block identity
         self.memo: dict = {}         # (parent id, open pieces, segment) → (new ids, parent id, open pieces)
+        self.prefixes: dict = {}     # a prefix's segments → (ids, state, tokens) after walking all of them
 
     def _intern(self, parent, pieces) -> int:
         key = (parent, pieces)
@@ -85,10 +100,22 @@ class BlockChains:
         """The identities of `req`'s first n_blocks full blocks (prompt segments, own prompt, generated tokens)."""
         ch = req.chain
         if ch is None:
-            ch = req.chain = [[], (-1, ()), 0]     # ids, state after the walked tokens, tokens walked
+            ch = req.chain = new_chain()
         ids = ch[0]
         if len(ids) >= n_blocks:
             return ids
+        if not ch[2] and req.prefix and _hashable(req.prefix):   # the same segments share one walk
+            walked = self.prefixes.get(req.prefix)
+            if walked is None:
+                state, new = (-1, ()), []
+                for key, n in req.prefix:
+                    more, state = self._walk(state, key, 0, n)
+                    new.extend(more)
+                walked = self.prefixes[req.prefix] = (tuple(new), state, sum(n for _, n in req.prefix))
+            ids.extend(walked[0])
+            ch[1], ch[2] = walked[1], walked[2]
+            if len(ids) >= n_blocks:
+                return ids
         segs = list(req.prefix or ())
         shared = sum(n for _, n in segs)
         if req.prompt_tokens > shared:
@@ -125,8 +152,10 @@ class PrefixCachingKVManager(KVCacheManager):
         self.ref: dict = {}                 # cached identity → requests holding it (0: free, waiting in the queue)
         self.held: dict = {}                # request id → identities it holds, a prefix of its blocks
         self.pristine = self.total_blocks   # never-used blank blocks at the queue's head
-        self.queue: OrderedDict = OrderedDict()   # free blocks after the pristine ones: identity, or -n if blank
-        self.pending: list = []             # (time, request id, keys) freed but not yet queued
+        self.queue: OrderedDict = OrderedDict()   # free blocks after the pristine ones: identity, or a blank run
+        self.runs: dict = {}                # blank run key (negative) → blocks in the run
+        self.queued = 0                     # blocks in the queue (identities count one, runs their length)
+        self.pending: list = []             # (time, request id, keys, blocks) freed but not yet queued
         self._blank = 0
         self.clock = 0.0                    # the engine's time, set before it schedules or commits
         self.cpu_capacity = int(cpu_cache_blocks)
@@ -137,6 +166,34 @@ class PrefixCachingKVManager(KVCacheManager):
         self.query_blocks = 0               # blocks asked for at admissions (the prompt's, less the last token)
         self.evicted_blocks = 0             # cached blocks evicted from the GPU
         self.loaded_tokens = 0              # KV tokens the latest admission loaded from the CPU tier
+        self.generation_refs: set = set()   # requests whose generated tokens a later prompt names ("g", id)
+        self._private = 0                   # keys of never-hittable blocks in the CPU tier (negative, unique)
+
+    def bind_requests(self, requests) -> None:
+        """Note which requests' answers later prompts repeat (multi-turn): only their generated blocks can be hit
+        by another request."""
+        for r in requests:
+            for key, _ in r.prefix or ():
+                if isinstance(key, tuple) and len(key) == 2 and key[0] == "g":
+                    self.generation_refs.add(key[1])
+
+    def _shareable(self, req) -> int:
+        """Leading blocks of `req` another request could ever hit: those inside its shared prompt segments (all of
+        them when a later turn repeats its answer). The rest is private: only the request itself, after a
+        preemption, could hit it, so those blocks get identities only when it is preempted; a finished request's
+        private blocks are freed as blank (same queue positions, same CPU-tier traffic, no identity work)."""
+        ch = req.chain
+        if ch is None:
+            ch = req.chain = new_chain()
+        n = ch[3]
+        if n is None:
+            shared = sum(k for _, k in req.prefix or ())
+            if req.prompt_tokens <= shared and req.id in self.generation_refs:
+                n = 1 << 62
+            else:
+                n = shared // self.block_size
+            ch[3] = n
+        return n
 
     # -- the queue ------------------------------------------------------------------------------------------
     def _settle(self) -> None:
@@ -144,22 +201,35 @@ class PrefixCachingKVManager(KVCacheManager):
         if self.pending:
             self.pending.sort(key=lambda p: (p[0], p[1]))
             q = self.queue
-            for _, _, keys in self.pending:
+            for _, _, keys, n in self.pending:
                 for k in keys:
                     q[k] = None
+                self.queued += n
             self.pending.clear()
-        debt = self.pristine + len(self.queue) - self.free_blocks
+        debt = self.pristine + self.queued - self.free_blocks
         if debt <= 0:
             return
         take = min(debt, self.pristine)
         self.pristine -= take
         debt -= take
-        q, ref, cpu = self.queue, self.ref, self.cpu
-        for _ in range(debt):
+        self.queued -= debt
+        q, ref, runs = self.queue, self.ref, self.runs
+        while debt:
             k, _ = q.popitem(last=False)
             if k >= 0:                      # a cached block: evicted
                 del ref[k]
                 self.evicted_blocks += 1
+                debt -= 1
+            else:                           # a run of blank blocks: take what is owed, keep the rest at the head
+                n = runs[k]
+                if n > debt:
+                    runs[k] = n - debt
+                    q[k] = None
+                    q.move_to_end(k, last=False)
+                    debt = 0
+                else:
+                    del runs[k]
+                    debt -= n
 
     def _to_cpu(self, k) -> None:
         if not self.cpu_capacity:
@@ -178,7 +248,7 @@ class PrefixCachingKVManager(KVCacheManager):
         tier), leaving at least its last token to compute. Sets req.cached; admit() takes the hit or it lapses."""
         self._settle()
         B = self.block_size
-        limit = (req.input_tokens - 1) // B
+        limit = min((req.input_tokens - 1) // B, self._shareable(req))
         if limit <= 0:
             req.hit = None
             return 0
@@ -204,19 +274,20 @@ class PrefixCachingKVManager(KVCacheManager):
         gpu, cpu_n = hit
         ids = req.chain[0]
         ref, q = self.ref, self.queue
-        revived = sum(1 for i in ids[:gpu] if ref[i] == 0)
+        held = ids[:gpu]
+        revived = [i for i in held if not ref[i]]   # cached blocks waiting in the free queue come back into use
         extra = self.blocks_for(tokens) - gpu       # loaded CPU blocks and the rest are fresh blocks
-        if self.free_blocks - revived - max(extra, 0) < self.watermark_blocks:
+        if self.free_blocks - len(revived) - max(extra, 0) < self.watermark_blocks:
             req.hit = None
             req.cached = 0
             return False
-        for i in ids[:gpu]:
-            if ref[i] == 0:
-                del q[i]
-                self.free_blocks -= 1
+        for i in revived:
+            del q[i]
+        self.free_blocks -= len(revived)
+        self.queued -= len(revived)
+        for i in held:
             ref[i] += 1
         req.blocks = gpu
-        held = list(ids[:gpu])
         if cpu_n:                               # loaded blocks are cached again on the GPU under their identity
             self.free_blocks -= cpu_n
             req.blocks += cpu_n
@@ -237,9 +308,18 @@ class PrefixCachingKVManager(KVCacheManager):
         return True
 
     # -- registering computed blocks and freeing -----------------------------------------------------------------
-    def register(self, req, upto_tokens: int) -> None:
-        """Make `req`'s full blocks up to `upto_tokens` hittable (their content is computed)."""
+    def register(self, req, upto_tokens: int, private: bool = False) -> None:
+        """Make `req`'s shareable full blocks up to `upto_tokens` hittable (their content is computed); with
+        `private`, its own blocks beyond them too (it is being preempted and may come back for them)."""
         n = upto_tokens // self.block_size
+        held = self.held.get(req.id)
+        if held is not None and len(held) >= n:      # the common case: nothing new to register
+            return
+        shareable = self._shareable(req)
+        if private:
+            req.chain[3] = max(shareable, n)
+        else:
+            n = min(n, shareable)
         held = self.held.get(req.id)
         if held is None:
             held = self.held[req.id] = []
@@ -256,21 +336,31 @@ class PrefixCachingKVManager(KVCacheManager):
 
     def free(self, req) -> None:
         if req.blocks:
-            self.register(req, req.cached)
+            finished = req.completion_s is not None
+            self.register(req, req.cached, private=not finished)
             held = self.held.pop(req.id, ())
             ref = self.ref
             keys = []
-            for _ in range(req.blocks - len(held)):       # blank tail blocks go first (evicted first)
+            blank = req.blocks - len(held)
+            if blank:                                     # blank tail blocks go first (evicted first), as one run
                 self._blank -= 1
+                self.runs[self._blank] = blank
                 keys.append(self._blank)
+            if finished and self.cpu_capacity:           # private full blocks still travel to the CPU tier
+                for _ in range(req.cached // self.block_size - self._shareable(req)):
+                    self._private -= 1
+                    self._to_cpu(self._private)
             for i in reversed(held):
                 r = ref[i] - 1
                 ref[i] = r
-                if r == 0:
+                if not r:
                     keys.append(i)
+            if self.cpu_capacity:                        # every freed cached block is copied to the CPU tier
+                for i in keys[1:] if blank else keys:
                     self._to_cpu(i)
-            self.free_blocks += len(keys)
-            self.pending.append((self.clock, req.id, keys))
+            n = len(keys) - 1 + blank if blank else len(keys)
+            self.free_blocks += n
+            self.pending.append((self.clock, req.id, keys, n))
         else:
             self.held.pop(req.id, None)
         req.blocks = 0
