@@ -18,7 +18,7 @@ import pandas as pd
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from costmodels.operators import GEMM_SHAPES, LAYER_OPS, Shard, dense_work, gemm_dims
-from costmodels.profile_data import parse_decode, parse_prefill
+from costmodels.profile_data import VALIDATION_OPS, parse_decode, parse_prefill
 
 KINDS = ("linear", "roofline", "profiled")
 DENSE_OPS = LAYER_OPS + ("emb",)
@@ -56,8 +56,7 @@ def split_contiguous(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0
         pairs = [parse_prefill(s) for s in table["prefill"].to_numpy()[pre]]
         key = np.array([max(c) * 100_000 + max(k) for c, k in pairs])      # sorted by chunk, then context
         te[pre] = _blocks(key, n_blocks, test_frac, rng)
-    lf = op == "layer_forward"     # whole-layer forwards are validation only
-    te |= lf
+    te |= np.isin(op, VALIDATION_OPS)     # whole-layer and whole-iteration forwards are validation only
     return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
 
 
@@ -84,7 +83,7 @@ def split_by_config(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0)
     uniq = np.unique(keys)
     rng = np.random.default_rng(seed)
     test = set(rng.choice(uniq, size=max(1, int(round(len(uniq) * test_frac))), replace=False).tolist())
-    te = keys.isin(test).to_numpy() | (table["op"] == "layer_forward").to_numpy()
+    te = keys.isin(test).to_numpy() | table["op"].isin(VALIDATION_OPS).to_numpy()
     return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
 
 
@@ -94,7 +93,7 @@ def fit(kind: str, table: pd.DataFrame, model, gpu, tp: int = 1, base=None):
     do not time from (profiled: attention if absent; linear: attention if absent)."""
     if kind not in KINDS:
         raise UserError(f"--kind: {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
-    rows = table[table["op"] != "layer_forward"]
+    rows = table[~table["op"].isin(VALIDATION_OPS)]
     if kind == "profiled":
         return fit_profiled(rows, model, gpu, tp)
     if kind == "linear":
@@ -376,6 +375,8 @@ def predict_op(cm, row):
     if op == "layer_forward":
         g = predict_groups(m, shape)
         return g["other"] + g["attn_prefill"] + g["attn_decode"]
+    if op == "iteration_forward":
+        return float(m.compute_time(shape))
     if m.kind == "linear":
         return predict_groups(m, shape)[op] if op in ("attn_prefill", "attn_decode", "emb") else None
     if op in ("attn_prefill", "attn_decode"):
@@ -402,7 +403,7 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
     and whole iterations: measured layer_forward rows if the profile has them, else mixed batches composed from
     held-out attention rows plus the measured non-attention ops at the batch's token count."""
     rows = []
-    for op, g in test[test["op"] != "layer_forward"].groupby("op", sort=False):
+    for op, g in test[~test["op"].isin(VALIDATION_OPS)].groupby("op", sort=False):
         pairs = [(y, predict_op(cm, r)) for y, (_, r) in zip(g["time_ms"] * 1e-3, g.iterrows())]
         pairs = [(y, p) for y, p in pairs if p is not None]
         if pairs:
@@ -429,10 +430,11 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
             p = np.array([L * predict_groups(m, BatchShape([int(n)], [0]))["other"]
                           + predict_groups(m, BatchShape([int(n)], [0]))["emb"] for n in both])
             rows.append(_err_row(f"iteration non-attention{tag}", y, p))
-    lf = test[test["op"] == "layer_forward"]
-    if len(lf):
-        rows.append(_err_row("layer_forward (measured mixed batches)", lf["time_ms"].to_numpy() * 1e-3,
-                             [predict_op(cm, r) for _, r in lf.iterrows()]))
+    for op, what in (("layer_forward", "layer_forward (measured mixed batches)"),
+                     ("iteration_forward", "iteration_forward (measured whole iterations)")):
+        lf = test[test["op"] == op]
+        if len(lf):
+            rows.append(_err_row(what, lf["time_ms"].to_numpy() * 1e-3, [predict_op(cm, r) for _, r in lf.iterrows()]))
     ref = reference if reference is not None else test
     ref1 = ref[ref["tp"] == 1] if "tp" in ref else ref
     layers = cm.model.layers if cm.model is not None else getattr(cm, "layers", 32)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from costmodels.errors import UserError
+
 
 def register(sub) -> None:
     c = sub.add_parser("calibrate", help="fit a cost model to kernel-timing profiles and report held-out error")
@@ -37,6 +39,12 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
                    help="numpy runs on CPU without PyTorch; auto picks torch when installed")
     p.add_argument("--quick", action="store_true", help="a small grid (CI, smoke tests)")
+    p.add_argument("--iterations", type=int, default=12,
+                   help="mixed batches also timed as whole iterations, for validation (tp 1; 0 = none)")
+    p.add_argument("--collectives", action="store_true",
+                   help="time all-reduce instead (torch.distributed: NCCL on cuda, gloo on cpu) and write Vidur's "
+                        "all_reduce.csv; fit it with python -m costmodels.collectives on the folder above")
+    p.add_argument("--gpus", default="2,4,8", help="GPU counts for --collectives (at most the visible ones)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -85,8 +93,18 @@ def format_errors(errs) -> str:
 
 
 def cmd_profile(args) -> int:
-    from profiles.harness import run_profile
-    n = run_profile(args.model, args.device, args.out, tp=args.tp, max_tokens=args.max_tokens,
-                    repeats=args.repeats, backend=args.backend, quick=args.quick, log=sys.stderr)
+    from profiles.harness import run_collectives, run_profile
+    if args.collectives:
+        try:
+            gpus = [int(g) for g in args.gpus.split(",")]
+        except ValueError:
+            raise UserError(f"--gpus: expected comma-separated GPU counts, got {args.gpus!r}") from None
+        if any(g < 2 for g in gpus):
+            raise UserError(f"--gpus: an all-reduce needs at least 2 GPUs, got {args.gpus!r}")
+        n = run_collectives(args.out, gpus, device=args.device, repeats=args.repeats or 20)
+    else:
+        n = run_profile(args.model, args.device, args.out, tp=args.tp, max_tokens=args.max_tokens,
+                        repeats=args.repeats, backend=args.backend, quick=args.quick, log=sys.stderr,
+                        iterations=args.iterations)
     print(f"wrote {n} rows to {args.out}")
     return 0

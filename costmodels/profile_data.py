@@ -11,10 +11,12 @@ from costmodels.errors import UserError
 from costmodels.operators import ATTN_OPS, LAYER_OPS
 
 # One row = one timed operator on one batch shape, time in ms (per layer for layer/attention ops, per
-# iteration for `emb`; `layer_forward` is one whole decoder layer on a mixed batch, for validation).
+# iteration for `emb`; `layer_forward` is one whole decoder layer and `iteration_forward` a whole iteration (every layer,
+# lm_head, a greedy draw) on a mixed batch, both for validation).
 #   prefill: "c:k;c:k" chunk:cached-context per prefill request;  decode: "m;m;..." KV tokens read per request
 REQUIRED = ("op", "num_tokens", "prefill", "decode", "time_ms")
-KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb", "layer_forward")
+VALIDATION_OPS = ("layer_forward", "iteration_forward")   # measured for validation, never fitted
+KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb",) + VALIDATION_OPS
 VIDUR_MLP_OPS = LAYER_OPS + ("emb",)
 
 
@@ -174,5 +176,5 @@ def row_shape(row) -> BatchShape:
 def config_key(row) -> str:
     """Rows that timed the same configuration share a key, so a train/test split never leaks repeats."""
     tp = row.get("tp", 1)
-    return (f"{row['op'] if row['op'] in ATTN_OPS + ('layer_forward',) else 'dense'}|{tp}|{row['num_tokens']}|"
+    return (f"{row['op'] if row['op'] in ATTN_OPS + VALIDATION_OPS else 'dense'}|{tp}|{row['num_tokens']}|"
             f"{row['prefill']}|{row['decode']}")

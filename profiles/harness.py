@@ -213,6 +213,7 @@ class Layer:
         self.w_qkv, self.w_o = be.randn(h, q + 2 * kv), be.randn(q, h)
         self.w_up, self.w_down = be.randn(h, (2 if model.gated_mlp else 1) * f), be.randn(f, h)
         self.emb = be.randn(model.vocab, h)
+        self.w_lm = be.randn(h, model.vocab // tp)
         # A KV pool several contexts long: requests read different rows, so decode timings are not served
         # from cache the way they would be if every request re-read the same few rows.
         self.pool = 4 * max_ctx
@@ -283,6 +284,25 @@ class Layer:
         return run
 
 
+    def iteration(self, prefill, decode):
+        """A whole iteration on a mixed batch: embedding, every layer (this layer's weights, once per layer), the
+        final norm, lm_head for the rows that sample (each prefill chunk's last token and every decode) and a
+        greedy draw. One process: no all-reduce, so only tp 1 is recorded."""
+        be, layers = self.be, self.m.layers
+        n = sum(prefill[0]) + len(decode)
+        ids = be.tokens(n)
+        step = self.forward(prefill, decode)
+        sample = len(prefill[0]) + len(decode)
+
+        def run():
+            be.embed(self.emb, ids)
+            for _ in range(layers):
+                x = step()
+            logits = be.matmul(be.rmsnorm(x[:sample], self.w_norm), self.w_lm)
+            return logits.argmax(-1)
+        return run
+
+
 # -- grids ----------------------------------------------------------------------------------------------
 def grids(max_tokens: int, max_ctx: int, quick: bool, seed: int = 0):
     """Token counts, prefill (chunk, context) pairs, decode batches with per-request contexts, mixed batches."""
@@ -313,8 +333,10 @@ def grids(max_tokens: int, max_ctx: int, quick: bool, seed: int = 0):
 
 
 def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int | None = None,
-                repeats: int | None = None, backend: str = "auto", quick: bool = False, log=None) -> int:
-    """Profile and write the CSV; returns the number of rows."""
+                repeats: int | None = None, backend: str = "auto", quick: bool = False, log=None,
+                iterations: int = 12) -> int:
+    """Profile and write the CSV; returns the number of rows. `iterations` mixed batches are also timed as whole
+    iterations (every layer, lm_head, sampling) for validation."""
     model = get_model(model_name, "--model")
     be = make_backend(device, backend)
     max_tokens = max_tokens or (4096 if device == "cuda" else 512)
@@ -350,6 +372,9 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
         record("attn_decode", len(dc), None, dc, layer.attention_op(([], []), dc))
     for cs, ks, dc in mixed:
         record("layer_forward", sum(cs) + len(dc), (cs, ks), dc, layer.forward((cs, ks), dc))
+    if iterations and tp == 1:
+        for cs, ks, dc in mixed[:iterations]:
+            record("iteration_forward", sum(cs) + len(dc), (cs, ks), dc, layer.iteration((cs, ks), dc))
     _write(out, rows)
     return len(rows)
 
@@ -363,3 +388,105 @@ def _write(out, rows):
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
+
+
+# -- all-reduce: NCCL (or gloo on CPU) across the GPUs of this node, in Vidur's all_reduce.csv format ----------
+ALLREDUCE_FIELDS = ("", "time_stats.all_reduce.min", "time_stats.all_reduce.max", "time_stats.all_reduce.mean",
+                    "time_stats.all_reduce.median", "time_stats.all_reduce.std", "rank", "num_workers", "size",
+                    "collective", "devices_per_node", "max_devices_per_node")
+ALLREDUCE_SIZES = tuple(2 ** k for k in range(9, 26))      # fp16 elements: 1 KB to 64 MB
+
+
+def allreduce_rows(timer, gpus, sizes=ALLREDUCE_SIZES, repeats: int = 20, devices_per_node: int | None = None):
+    """Rows of Vidur's all_reduce.csv from `timer(world, elements, repeats)` → list of milliseconds (rank 0's)."""
+    rows = []
+    for world in gpus:
+        for size in sizes:
+            ts = np.asarray(timer(world, int(size), repeats), dtype=float)
+            rows.append({"": len(rows), "time_stats.all_reduce.min": ts.min(), "time_stats.all_reduce.max": ts.max(),
+                         "time_stats.all_reduce.mean": ts.mean(), "time_stats.all_reduce.median": float(np.median(ts)),
+                         "time_stats.all_reduce.std": ts.std(), "rank": 0, "num_workers": world, "size": int(size),
+                         "collective": "all_reduce", "devices_per_node": world,
+                         "max_devices_per_node": devices_per_node or max(gpus)})
+    return rows
+
+
+def _allreduce_worker(rank, world, init, sizes, repeats, device, queue):
+    import torch
+    import torch.distributed as dist
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    dev = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(dev)
+    out = {}
+    for size in sizes:
+        x = torch.ones(size, dtype=torch.float16 if device == "cuda" else torch.float32, device=dev)
+        for _ in range(3):
+            dist.all_reduce(x)
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            if device == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dist.all_reduce(x)
+                b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b))
+            else:
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                ts.append((time.perf_counter() - t0) * 1e3)
+        out[size] = ts
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
+
+
+def torch_allreduce_timer(device: str = "cuda"):
+    """A timer over torch.distributed: one process per GPU (NCCL), or CPU processes over gloo."""
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError:
+        raise UserError("profile --collectives: PyTorch is not installed; `pip install -e '.[profile]'`") from None
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        raise UserError(f"profile --collectives: needs at least 2 GPUs, this node has {torch.cuda.device_count()}")
+    cache: dict = {}
+
+    def timer(world, size, repeats):
+        if (world, repeats) not in cache:
+            import tempfile
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            with tempfile.TemporaryDirectory() as d:
+                init = f"file://{d}/rendezvous"
+                mp.start_processes(_allreduce_worker, args=(world, init, ALLREDUCE_SIZES, repeats, device, q),
+                                   nprocs=world, join=True, start_method="spawn")
+            cache[(world, repeats)] = q.get()
+        return cache[(world, repeats)][size]
+    return timer
+
+
+def run_collectives(out, gpus, device: str = "cuda", repeats: int = 20, timer=None) -> int:
+    """Time all-reduce for each GPU count and write Vidur's all_reduce.csv (fit it: python -m costmodels.collectives
+    on the folder above). Returns the number of rows."""
+    if device == "cuda":
+        try:
+            import torch
+            visible = torch.cuda.device_count()
+        except ImportError:
+            visible = 0
+        too_many = [g for g in gpus if g > visible]
+        if timer is None and too_many:
+            raise UserError(f"profile --gpus: {', '.join(map(str, too_many))} GPUs asked, {visible} visible")
+    rows = allreduce_rows(timer or torch_allreduce_timer(device), gpus, repeats=repeats)
+    from pathlib import Path
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=ALLREDUCE_FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return len(rows)

@@ -60,7 +60,12 @@ def cpu_profile(tmp_path_factory):
 
 def test_cpu_harness_writes_every_operator_with_metadata(cpu_profile):
     df = pd.read_csv(cpu_profile, keep_default_na=False)
-    assert set(LAYER_OPS) | {"emb", "attn_prefill", "attn_decode", "layer_forward"} <= set(df["op"])
+    assert set(LAYER_OPS) | {"emb", "attn_prefill", "attn_decode", "layer_forward", "iteration_forward"} <= set(df["op"])
+    # a whole iteration runs every layer: it takes longer than the same batch's one layer
+    it, lf = (df[df["op"] == op].set_index(["prefill", "decode"])["time_ms"] for op in ("iteration_forward",
+                                                                                      "layer_forward"))
+    both = it.index.intersection(lf.index)
+    assert len(both) and (it.loc[both] > lf.loc[both]).all()
     assert (df["time_ms"] > 0).all() and (df["time_ms_min"] <= df["time_ms"]).all()
     assert (df["device"] == "cpu").all() and df["numpy_version"].astype(str).str.len().min() > 0
     dec = [parse_decode(s) for s in df.loc[df["op"] == "attn_decode", "decode"]]
@@ -75,7 +80,7 @@ def test_calibrate_accepts_the_harness_csv(cpu_profile, tmp_path, capsys, kind):
     assert main(["calibrate", str(cpu_profile), "--model", "tiny-llama", "--gpu", "a100-80gb", "--kind", kind,
                  "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "held-out error" in text and "iteration" in text and "layer_forward" in text
+    assert "held-out error" in text and "layer_forward" in text and "iteration_forward (measured whole" in text
     cm = build_costmodel({"kind": kind, "path": str(out)} if kind != "linear" else {"kind": kind, "path": str(out)},
                          get_model("tiny-llama"), get_gpu("a100-80gb"))
     small, large = cm.batch_time(BatchShape([], [], [16] * 2)), cm.batch_time(BatchShape([1024], [0], [16] * 2))
@@ -126,3 +131,32 @@ def test_torch_backend_attention_matches_numpy():
     want = nb.attention(q, ln.prepared(prefill, decode), prefill, decode)
     got = tb.attention(torch.from_numpy(q), lt.prepared(prefill, decode), prefill, decode).numpy()
     assert np.allclose(got, want, atol=1e-4)
+
+
+def test_collectives_rows_are_vidurs_format_and_fit_back_to_their_line(tmp_path):
+    """`servesim profile --collectives` writes Vidur's all_reduce.csv; with a known latency-bandwidth timer the
+    collectives fit recovers the line (torch.distributed itself needs GPUs or PyTorch, absent in CI)."""
+    import numpy as np
+    from costmodels.collectives import fit_two_lines, read_nccl, two_line_time
+    from profiles.harness import run_collectives
+    lat, bw = 12e-6, 150e9                       # seconds, bytes/s
+
+    def timer(world, elements, repeats):
+        t = (lat + 2 * elements / bw * (world - 1) / world) * 1e3
+        return [t * (1 + 0.01 * k) for k in range(repeats)]
+    out = tmp_path / "net" / "mynode" / "all_reduce.csv"
+    assert run_collectives(out, [2, 4], device="cpu", repeats=3, timer=timer) == 2 * 17
+    df = pd.read_csv(out)
+    assert {"time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"} <= set(df.columns)
+    data = read_nccl(tmp_path / "net")
+    assert set(data) == {("mynode", 2), ("mynode", 4)}
+    s, y = data[("mynode", 4)]
+    p = fit_two_lines(s, y)
+    assert np.max(np.abs(two_line_time(p, s) - y) / y) < 0.03
+
+
+def test_collectives_bad_gpu_counts_are_one_line(tmp_path, capsys):
+    err = _one_line_error(capsys, ["profile", "--collectives", "--gpus", "1,2", "--out", str(tmp_path / "a.csv")])
+    assert "at least 2 GPUs" in err
+    err = _one_line_error(capsys, ["profile", "--collectives", "--gpus", "two", "--out", str(tmp_path / "a.csv")])
+    assert "comma-separated" in err
