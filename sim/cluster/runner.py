@@ -1,4 +1,5 @@
-"""Run a scenario: today one replica built from the scenario, its tables and summary with the run's metadata."""
+"""Run a scenario: one replica built from the scenario (or a cluster of them), its tables and summary with the
+run's metadata."""
 from __future__ import annotations
 
 import time
@@ -18,7 +19,11 @@ def infeasible_counts(requests) -> dict:
 
 def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     """Run one scenario. `observe(sim)`, if given, is called on the built simulation before it runs and returns
-    something with close() (the CLI's progress bar, sim.study.progress.attach_run_progress)."""
+    something with close() (the CLI's progress bar, sim.study.progress.attach_run_progress). A scenario with a
+    `cluster` section runs its replicas behind their router (sim/cluster/cluster.py)."""
+    if scn.cluster:
+        from sim.cluster.cluster import run_cluster
+        return run_cluster(scn, requests)
     t0 = time.perf_counter()
     sim = build_simulation(scn, requests)
     watcher = observe(sim) if observe is not None else None

@@ -15,6 +15,9 @@ class ArrivalClock:
     decides (`first`: it was created before the replica's timeout). Only the fast paths use this clock; the
     plain loop keeps SimPy, and the identity tests hold the two together."""
 
+    cluster = False                         # a replica on its own: every arrival is known from the start
+    final = True
+
     def __init__(self, requests, waiting):
         self.requests = requests
         self.waiting = waiting
@@ -25,6 +28,13 @@ class ArrivalClock:
         self._schedule(0.0, True)           # both processes start at 0, arrivals first:
         if self.time == 0.0:                # what is due at 0 is queued before the replica's first schedule
             self._deliver(before_replica=True)
+
+    @property
+    def has_next(self) -> bool:
+        return self.arrived < len(self.requests)
+
+    def synced(self, e: float) -> bool:
+        return True
 
     def due(self, s: float, e: float) -> bool:
         """Is the next arrival event processed before the replica resumes at e, its iteration begun at s?"""

@@ -1,6 +1,8 @@
 """Exact fast-forward: advance k decode-only iterations at once, recording what the plain loop would record."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sim.metrics import finalize_request
@@ -82,7 +84,7 @@ class FastForward:
         bounds[1:] = dts
         bounds = np.cumsum(bounds)             # sequential adds: the same clock values SimPy would reach
         starts = bounds[:-1]
-        if sim.arrived < len(sim.requests):
+        if sim.arrival_clock.time < math.inf:    # (a cluster replica: a bound on its next arrival)
             # Stop before the first iteration that starts at or after the next arrival event (its exact time).
             k = int(np.searchsorted(starts, sim.arrival_clock.time, side="left"))
             if k < 1:
@@ -140,6 +142,8 @@ class FastForward:
             returned[t - 1] += mem.free_blocks - before
             sim.completed += 1
             finalize_request(r, keep)
+            if sim.on_complete is not None:
+                sim.on_complete(r)
         finished = bool(done)
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]

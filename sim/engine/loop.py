@@ -18,6 +18,8 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
+
+WAIT = None          # what a cluster replica yields when it has nothing to do until the router sends a request
 from sim.engine.view import ReplicaView
 
 
@@ -58,26 +60,12 @@ class Simulation:
         self.watchdog_iterations = watchdog_iterations
         self.keep_token_times = keep_token_times
         self.record_iterations = record_iterations
+        self.max_model_len = max_model_len
         self.all_requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.infeasible = []
-        feasible = []
-        for r in self.all_requests:
-            if max_model_len and r.prompt_tokens + r.output_tokens > max_model_len:
-                # the serving front end refuses it before the engine sees it (vLLM: HTTP 400)
-                why = f"prompt + output tokens exceed max_model_len = {max_model_len} (rejected, as vLLM does)"
-            else:
-                why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
-            if not why and memory.watermark_blocks and (memory.blocks_for(policy.admission_tokens(r))
-                                                         > memory.total_blocks - memory.watermark_blocks):
-                why = "its admission needs more KV than capacity minus the admission watermark"
-            if why:
-                r.state, r.reason = INFEASIBLE, why
-                self.infeasible.append(r)
-            else:
-                feasible.append(r)
-        self.requests = feasible
+        self.requests = [r for r in self.all_requests if self._feasible(r)]
         if hasattr(memory, "bind_requests"):       # prefix caching: which answers later prompts repeat
-            memory.bind_requests(feasible)
+            memory.bind_requests(self.requests)
         self.completed = 0
         self.arrived = 0
         self.tokens_generated = 0
@@ -90,6 +78,34 @@ class Simulation:
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
+        self.on_complete = None                 # cluster: called with each request as it completes
+        self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
+        self.held_kv = 0                        # ... these many blocks, until the transfer ends
+
+    def _feasible(self, r) -> bool:
+        """Can `r` ever complete here? If not it is marked infeasible (with the reason) and never runs."""
+        policy, memory, max_model_len = self.policy, self.memory, self.max_model_len
+        if max_model_len and r.prompt_tokens + r.output_tokens > max_model_len:
+            # the serving front end refuses it before the engine sees it (vLLM: HTTP 400)
+            why = f"prompt + output tokens exceed max_model_len = {max_model_len} (rejected, as vLLM does)"
+        else:
+            why = policy.infeasible_reason(r, memory.capacity_tokens, memory.block_size)
+        if not why and memory.watermark_blocks and (memory.blocks_for(policy.admission_tokens(r))
+                                                     > memory.total_blocks - memory.watermark_blocks):
+            why = "its admission needs more KV than capacity minus the admission watermark"
+        if why:
+            r.state, r.reason = INFEASIBLE, why
+            self.infeasible.append(r)
+            return False
+        return True
+
+    def add_request(self, r) -> bool:
+        """A cluster's router sends `r` here (in arrival order); False if it can never run on this replica."""
+        self.all_requests.append(r)
+        if not self._feasible(r):
+            return False
+        self.requests.append(r)
+        return True
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -107,12 +123,18 @@ class Simulation:
 
     def _replica(self, env):
         """The replica loop. Under SimPy (the plain loop) every iteration is a timeout; with the exact fast
-        paths `env` is None, the ArrivalClock replays the arrivals process, and the loop never yields."""
+        paths `env` is None, the ArrivalClock replays the arrivals process, and the loop never yields. In a
+        cluster (sim/cluster) the clock is the cluster's: the loop yields the time it must know the router's
+        decisions up to before it commits an iteration ending then, or WAIT when it has nothing to do; the
+        cluster resumes it once they are known. `total` grows as the router sends requests."""
         view, policy, clock, memory = self.view, self.policy, self.arrival_clock, self.memory
-        total = len(self.requests)
+        cluster = clock is not None and clock.cluster
         last_progress = 0
         now = 0 if env is None else env.now
-        while self.completed < total:
+        while True:
+            total = len(self.requests)
+            if self.completed >= total and (not cluster or clock.final):
+                return
             view.now = now
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
@@ -124,6 +146,20 @@ class Simulation:
             if view.looked_up:
                 view.end_schedule()
             if not batch.reqs and not batch.cohort:
+                if cluster:                             # idle as a lone replica would be, until the next event
+                    moved = view.step_swap_out or view.step_preemptions
+                    while not (moved or clock.has_next or clock.releases or clock.final):
+                        yield WAIT                      # ... which the router has not placed yet
+                    if clock.has_next or clock.releases:
+                        t = clock.next_event()
+                        if not clock.synced(t):
+                            yield t
+                        now = clock.wake()
+                        self.arrived = clock.arrived
+                        continue
+                    total = len(self.requests)
+                    if self.completed >= total:
+                        return
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
                     raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
                 if self.arrived < total and clock is not None:
@@ -139,8 +175,11 @@ class Simulation:
             start, now = now, now + dt                  # the float add SimPy's timeout does
             if clock is None:                           # the plain loop: one timeout per iteration
                 yield env.timeout(dt)
-            elif clock.time <= now:
-                self._deliver(start, now)
+            else:
+                if cluster and not clock.synced(now):   # the router's decisions up to `now` first
+                    yield now
+                if clock.time <= now:
+                    self._deliver(start, now)
             gen_before = self.tokens_generated
             completed_before = self.completed
             memory.clock = now
@@ -163,7 +202,7 @@ class Simulation:
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                now = skip(now, full_decode, arrived_at_schedule)
+                now = yield from skip(now, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -224,6 +263,9 @@ class Simulation:
                 return now
             arrived_before = self.arrived
             now = float(plan.ends[-1])
+            clock = self.arrival_clock
+            if clock.cluster and not clock.synced(now):
+                yield now
             self._deliver(float(plan.starts[-1]), now)
             finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
@@ -239,9 +281,9 @@ class Simulation:
         that would start at or after the next arrival, before a KV block shortfall, at max_iterations, and,
         with requests queued, after the first completion (freed KV may admit one). Returns the replica's clock."""
         view, cohort, mem, cm = self.view, self.cohort, self.memory, self.costmodel
-        total = len(self.requests)
+        clock = self.arrival_clock
         t = now
-        while self.completed < total:
+        while self.completed < len(self.requests):
             if (view.loose or not cohort.n or self.arrived != arrived_at_schedule
                     or not self.policy.steady_decode(view, full_decode)):
                 return t
@@ -250,7 +292,8 @@ class Simulation:
             # resets them every iteration; left alone they would repeat the last scheduled step's swaps).
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = view.step_swap_hidden = 0
-            arrival = self.arrival_clock.time         # the next arrival event's exact time (or inf)
+            arrival = clock.time                      # the next arrival event's exact time (or inf; in a
+                                                      # cluster, a bound: no event for this replica before it)
             stop = self.max_iterations or math.inf
             start = t0 = t
             finished = False
@@ -275,6 +318,8 @@ class Simulation:
             if t == t0:
                 return t
             arrived_before = self.arrived
+            if clock.cluster and not clock.synced(t):
+                yield t
             self._deliver(start, t)
             view.now = start
             if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
@@ -331,10 +376,15 @@ class Simulation:
         r.completion_s = now
         r.state = DONE
         self.view.kv_cached_tokens -= r.cached
-        self.memory.free(r)
+        if self.hold_kv:                   # a disaggregated prefill: the KV stays until it is sent (the cluster frees it)
+            self.held_kv += r.blocks
+        else:
+            self.memory.free(r)
         self.completed += 1
         if finalize:
             finalize_request(r, self.keep_token_times)
+        if self.on_complete is not None:
+            self.on_complete(r)
 
     def _record(self, start, dt, n, prefill, decode):
         v, mem = self.view, self.memory
@@ -360,7 +410,7 @@ class Simulation:
                 f"KV {self.memory.used_tokens}/{self.memory.capacity_tokens} tokens; first blocked: {head!r}")
 
     # -- entry point --------------------------------------------------------------------------------------------
-    def run(self):
+    def _prepare_run(self) -> None:
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
@@ -369,6 +419,15 @@ class Simulation:
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
             self.view.loose[:] = self.view.running
+
+    def result(self) -> SimResult:
+        if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
+            self.cohort.flush()
+            self.cohort.materialize()
+        return SimResult.from_simulation(self)
+
+    def run(self):
+        self._prepare_run()
         with _quiet_gc():
             if self.exact_fast_paths:            # no SimPy: the clock replays the arrivals process's events
                 self.arrival_clock = ArrivalClock(self.requests, self.view.waiting)
@@ -380,7 +439,11 @@ class Simulation:
                 env.process(self._arrivals(env))
                 done = env.process(self._replica(env))
                 env.run(until=done)
-        if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
-            self.cohort.flush()
-            self.cohort.materialize()
-        return SimResult.from_simulation(self)
+        return self.result()
+
+    def start_in_cluster(self, clock):
+        """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
+        self._prepare_run()
+        self.arrival_clock = clock
+        self.arrived = clock.arrived
+        return self._replica(None)

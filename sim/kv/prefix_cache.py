@@ -96,6 +96,17 @@ class BlockChains:
             self.memo[memo_key] = result
         return result
 
+    def prefix_walk(self, prefix) -> tuple:
+        """(ids of the full blocks, chain state, tokens) after walking all of a hashable prefix's segments."""
+        walked = self.prefixes.get(prefix)
+        if walked is None:
+            state, new = (-1, ()), []
+            for key, n in prefix:
+                more, state = self._walk(state, key, 0, n)
+                new.extend(more)
+            walked = self.prefixes[prefix] = (tuple(new), state, sum(n for _, n in prefix))
+        return walked
+
     def chain(self, req, n_blocks: int) -> list:
         """The identities of `req`'s first n_blocks full blocks (prompt segments, own prompt, generated tokens)."""
         ch = req.chain
@@ -105,13 +116,7 @@ class BlockChains:
         if len(ids) >= n_blocks:
             return ids
         if not ch[2] and req.prefix and _hashable(req.prefix):   # the same segments share one walk
-            walked = self.prefixes.get(req.prefix)
-            if walked is None:
-                state, new = (-1, ()), []
-                for key, n in req.prefix:
-                    more, state = self._walk(state, key, 0, n)
-                    new.extend(more)
-                walked = self.prefixes[req.prefix] = (tuple(new), state, sum(n for _, n in req.prefix))
+            walked = self.prefix_walk(req.prefix)
             ids.extend(walked[0])
             ch[1], ch[2] = walked[1], walked[2]
             if len(ids) >= n_blocks:
@@ -264,6 +269,19 @@ class PrefixCachingKVManager(KVCacheManager):
         req.hit = (gpu, cpu_n)
         req.cached = (gpu + cpu_n) * B
         return req.cached
+
+    def cached_prefix_tokens(self, req) -> int:
+        """Prompt tokens of `req` (a request not on this replica) this cache holds on the GPU now, in leading full
+        blocks of its shared segments: what a cache-aware router asks. Changes nothing."""
+        if not req.prefix or not _hashable(req.prefix):
+            return 0
+        self._settle()
+        ids = self.chains.prefix_walk(req.prefix)[0]
+        limit = min(len(ids), (req.prompt_tokens - 1) // self.block_size)
+        ref, n = self.ref, 0
+        while n < limit and ids[n] in ref:
+            n += 1
+        return n * self.block_size
 
     def admit(self, req, tokens: int) -> bool:
         """Take the hit found by lookup (touch GPU blocks, load CPU ones into fresh blocks), then reserve `tokens`."""

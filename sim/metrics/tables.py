@@ -144,6 +144,7 @@ class SimResult:
     summary: dict
     capacity_tokens: int
     meta: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)     # further tables a run writes (a cluster's per-replica table)
 
     @classmethod
     def from_simulation(cls, sim, slos=None) -> "SimResult":
@@ -162,7 +163,7 @@ class SimResult:
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for name, df in (("requests", self.requests), ("iterations", self.iterations),
-                         ("summary", pd.DataFrame([self.summary]))):
+                         ("summary", pd.DataFrame([self.summary])), *self.tables.items()):
             p = out / f"{name}.{'parquet' if fmt == 'parquet' else 'csv'}"
             if fmt == "parquet":
                 try:

@@ -71,6 +71,7 @@ class Scenario:
     slo: dict = field(default_factory=dict)
     sim: SimSection = field(default_factory=SimSection)
     solver: dict = field(default_factory=dict)   # knobs of `servesim optimal` (solver.instance.SolverOptions)
+    cluster: dict = field(default_factory=dict)  # replicas behind a router, or prefill/decode pools (sim/cluster)
     source: str = ""
 
     def slos(self) -> dict:
@@ -217,7 +218,7 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     raw = apply_overrides(raw or {}, overrides)
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
-    for sec in ("policy", "workload", "costmodel"):
+    for sec in ("policy", "workload", "costmodel", "cluster"):
         if not isinstance(getattr(scn, sec), dict):
             raise UserError(f"{source}: {sec}: expected a mapping")
     _check_ranges(scn)

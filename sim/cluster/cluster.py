@@ -1,0 +1,489 @@
+"""A cluster: replicas on one simulated clock behind a router, or disaggregated prefill and decode pools.
+
+Each replica is a full Simulation (its own policy, KV manager, cost model; GPUs and models may differ) whose loop
+runs as a generator (Simulation.start_in_cluster). The driver below interleaves them in time order:
+- arrivals are routed in time order, all of one instant before anything at that instant commits; a replica may
+  commit an iteration ending at e only once every arrival up to e is routed, so it receives exactly the requests
+  a single-replica run on its share would, at the same times (round-robin clusters reproduce single runs exactly);
+- with disaggregation, replicas also affect each other: a prefill that completes hands its request to a decode
+  replica, which reserves KV for it when it has room (the prefill replica keeps the KV until the transfer ends:
+  back-pressure), the transfer runs over the link, and the request joins the decode replica's queue with its KV
+  in place. There every replica advances one iteration at a time, earliest first, so these events happen in
+  time order; the exact fast paths stay off in disaggregated pools.
+The cluster's request table merges each request's life; sim/cluster/results.py builds the tables."""
+from __future__ import annotations
+
+import bisect
+import copy
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodels.errors import UserError
+from sim.cluster.clock import ReplicaClock
+from sim.cluster.links import build_link
+from sim.cluster.routers import build_router
+from sim.engine.loop import WAIT
+from sim.engine.request import INFEASIBLE, Request
+from sim.scenario.build import build_simulation, requests_from_table, scenario_model
+from sim.scenario.config import Scenario, scenario_from_dict
+from traces import build_workload
+
+SERVE, PREFILL, DECODE = "serve", "prefill", "decode"
+REPLICA_SECTIONS = ("model", "hardware", "costmodel", "memory", "policy", "sim")
+FIRST_TOKEN = ("decode", "prefill")
+
+
+# -- the cluster section ---------------------------------------------------------------------------------------
+@dataclass
+class ClusterSpec:
+    groups: list                    # (pool, count, overrides)
+    router: object = None
+    decode_router: object = None
+    link: object = None
+    layerwise: bool = False
+    first_token: str = "decode"
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(pool != SERVE for pool, _, _ in self.groups)
+
+
+def _count(v, where) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise UserError(f"{where}: must be an integer >= 1 (replicas), got {v!r}")
+    return v
+
+
+def _group(g, pool, where):
+    """(pool, count, overrides) from an integer count or {count, <scenario sections>...}."""
+    if isinstance(g, int) and not isinstance(g, bool):
+        return pool, _count(g, where), {}
+    if not isinstance(g, dict):
+        raise UserError(f"{where}: expected a replica count or a mapping with count and sections, got {g!r}")
+    bad = set(g) - {"count", *REPLICA_SECTIONS}
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: count, "
+                        f"{', '.join(REPLICA_SECTIONS)}")
+    for sec in REPLICA_SECTIONS:
+        if sec in g and not isinstance(g[sec], dict):
+            raise UserError(f"{where}.{sec}: expected a mapping")
+    return pool, _count(g.get("count", 1), f"{where}.count"), {k: v for k, v in g.items() if k != "count"}
+
+
+def parse_cluster(raw: dict) -> ClusterSpec:
+    where = "cluster"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a mapping")
+    bad = set(raw) - {"replicas", "router", "disaggregation"}
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: replicas, router, "
+                        "disaggregation")
+    dis = raw.get("disaggregation")
+    if dis is not None:
+        if "replicas" in raw:
+            raise UserError(f"{where}: give replicas or disaggregation (prefill and decode pools), not both")
+        if not isinstance(dis, dict):
+            raise UserError(f"{where}.disaggregation: expected a mapping")
+        bad = set(dis) - {"prefill", "decode", "link", "layerwise", "first_token", "decode_router"}
+        if bad:
+            raise UserError(f"{where}.disaggregation: unknown key(s) {', '.join(sorted(bad))}; allowed: prefill, "
+                            "decode, link, layerwise, first_token, decode_router")
+        for pool in (PREFILL, DECODE):
+            if pool not in dis:
+                raise UserError(f"{where}.disaggregation.{pool}: missing (a count or a mapping with count)")
+        groups = [_group(dis[p], p, f"{where}.disaggregation.{p}") for p in (PREFILL, DECODE)]
+        first = dis.get("first_token", "decode")
+        if first not in FIRST_TOKEN:
+            raise UserError(f"{where}.disaggregation.first_token: {first!r} is not allowed; allowed: "
+                            f"{', '.join(FIRST_TOKEN)}")
+        layerwise = dis.get("layerwise", False)
+        if not isinstance(layerwise, bool):
+            raise UserError(f"{where}.disaggregation.layerwise: expected true or false, got {layerwise!r}")
+        return ClusterSpec(groups, raw.get("router"), dis.get("decode_router"),
+                           build_link(dis.get("link"), f"{where}.disaggregation.link"), layerwise, first)
+    reps = raw.get("replicas", 1)
+    if isinstance(reps, list):
+        if not reps:
+            raise UserError(f"{where}.replicas: an empty list has no replicas; give a count >= 1 or groups")
+        groups = [_group(g, SERVE, f"{where}.replicas[{i}]") for i, g in enumerate(reps)]
+    else:
+        groups = [_group(reps, SERVE, f"{where}.replicas")]
+    return ClusterSpec(groups, raw.get("router"))
+
+
+def replica_scenario(scn: Scenario, overrides: dict) -> Scenario:
+    """The scenario one replica runs: the cluster scenario's sections with the group's overrides (a policy or a
+    cost model naming another `name`/`kind` replaces the section; other sections merge key by key)."""
+    raw = scn.to_dict()
+    raw.pop("cluster", None)
+    for sec, over in overrides.items():
+        replace = (sec == "policy" and "name" in over) or (sec == "costmodel" and "kind" in over)
+        raw[sec] = dict(over) if replace else {**(raw.get(sec) or {}), **over}
+    return scenario_from_dict(raw, source=scn.source or "cluster")
+
+
+# -- replicas as the router sees them ----------------------------------------------------------------------------
+class ReplicaHandle:
+    """One replica: its simulation, its clock, and the counters a router keeps."""
+
+    def __init__(self, index: int, pool: str, scn: Scenario, sim, driver):
+        self.index, self.pool, self.scn, self.sim = index, pool, scn, sim
+        self.clock = ReplicaClock(driver, self, sim.requests, sim.view.waiting)
+        self.gpus = scn.hardware.tp
+        self.gen = None
+        self.result = None              # its SimResult, when it ran on its own
+        self.state = "new"              # run | wait | done
+        self.routed = self.completed = 0
+        self.routed_tokens = self.completed_tokens = 0
+        self.pending: deque = deque()   # disaggregated decode: handoffs waiting for KV room here
+        self.link_free = 0.0            # disaggregated prefill: when its outgoing link is next free
+
+    # what routers read
+    @property
+    def outstanding_requests(self) -> int:
+        return self.routed - self.completed
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.routed_tokens - self.completed_tokens
+
+    @property
+    def queued(self) -> int:
+        v = self.sim.view
+        return len(v.waiting) + len(v.swapped) + len(self.sim.requests) - self.clock.arrived + len(self.pending)
+
+    @property
+    def running(self) -> int:
+        return len(self.sim.view.running)
+
+    @property
+    def kv_usage(self) -> float:
+        m = self.sim.memory
+        return 1.0 - m.free_blocks / m.total_blocks
+
+    @property
+    def kv_blocks_in_use(self) -> int:
+        m = self.sim.memory
+        return m.total_blocks - m.free_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.sim.memory.block_size
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        sim = self.sim
+        waiting = sum(r.input_tokens - r.cached for r in sim.view.waiting)
+        return waiting + sum(r.prompt_tokens for r in sim.requests[self.clock.arrived:])
+
+    def cached_prefix_tokens(self, req) -> int:
+        peek = getattr(self.sim.memory, "cached_prefix_tokens", None)
+        return peek(req) if peek is not None else 0
+
+    def __repr__(self):
+        return f"replica {self.index} ({self.pool}, {self.scn.hardware.gpu} x{self.gpus})"
+
+
+@dataclass
+class Handoff:
+    """A request moving from a prefill replica to a decode replica."""
+    origin: Request
+    prefill: Request
+    src: ReplicaHandle
+    dst: ReplicaHandle
+    done_s: float                   # prefill completed (its KV ready)
+    reserved_s: float = math.nan    # decode-side KV reserved: the transfer may start
+    sent_s: float = math.nan        # transfer started (the link was free)
+    arrived_s: float = math.nan     # transfer ended: the request is in the decode replica's queue
+    decode: Request = None
+    infeasible: str = ""
+
+
+@dataclass
+class ClusterRun:
+    replicas: list
+    handoffs: dict = field(default_factory=dict)     # request id → Handoff
+    origin: list = field(default_factory=list)       # the workload's requests, in arrival order
+    spec: ClusterSpec = None
+
+
+# -- the driver ------------------------------------------------------------------------------------------------
+class Cluster:
+    def __init__(self, scn: Scenario, requests=None):
+        self.scn = scn
+        self.spec = parse_cluster(scn.cluster)
+        rng = np.random.default_rng(scn.seed)
+        if requests is None:
+            requests = requests_from_table(build_workload(scn.workload, rng))
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        self.replicas: list = []
+        for pool, count, overrides in self.spec.groups:
+            rscn = replica_scenario(scn, overrides)
+            for _ in range(count):
+                sim = build_simulation(rscn, requests=[])
+                self.replicas.append(ReplicaHandle(len(self.replicas), pool, rscn, sim, self))
+        self.pd = self.spec.disaggregated
+        self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
+        self.decode = [h for h in self.replicas if h.pool == DECODE]
+        router_rng, decode_rng = (np.random.default_rng([scn.seed, k]) for k in (1, 2))
+        self.router = build_router(self.spec.router, router_rng, "cluster.router")
+        self.decode_router = build_router(self.spec.decode_router, decode_rng,
+                                          "cluster.disaggregation.decode_router") if self.pd else None
+        if self.pd:
+            self._check_pools()
+        for h in self.replicas:
+            mem = h.sim.memory
+            if hasattr(mem, "bind_requests"):        # answers a later turn repeats, wherever that turn lands
+                mem.bind_requests(self.requests)
+            h.sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
+                (lambda r, h=h: self._completed(h, r))
+            if self.pd:                              # one iteration at a time, earliest first (module doc)
+                h.sim.fast_forward = None
+                h.sim.exact_fast_paths = False
+            if h.pool == PREFILL:
+                h.sim.hold_kv = True
+        self.heap: list = []
+        self.waiting: set = set()
+        self.to_wake: list = []
+        self.idx = 0
+        self.T = self.requests[0].arrival_s if self.requests else math.inf
+        self.handoffs: dict = {}
+        self.origin_of: dict = {}
+
+    def _check_pools(self):
+        p, d = self.front[0], self.decode[0]
+        mp, md = scenario_model(p.scn), scenario_model(d.scn)
+        if (mp.name, mp.layers, mp.hidden, mp.kv_heads, mp.head_dim) != (md.name, md.layers, md.hidden,
+                                                                          md.kv_heads, md.head_dim):
+            raise UserError(f"cluster.disaggregation: the decode pool serves {md.name} but the prefill pool "
+                            f"{mp.name}; a KV cache only moves between replicas of the same model")
+        self.kv_bytes_per_token = mp.kv_bytes_per_token(p.scn.memory.kv_dtype)
+        self.layers = mp.layers
+        if self.requests:
+            small = min(r.prompt_tokens + r.output_tokens for r in self.requests)
+            for pool in (self.front, self.decode):
+                cap = max(h.sim.memory.capacity_tokens for h in pool)
+                if cap < small:
+                    raise UserError(f"cluster.disaggregation.{pool[0].pool}: its replicas hold {cap} KV tokens, "
+                                    f"less than the smallest request's prompt + output ({small}); no request fits")
+
+    # -- what the replica clocks ask --------------------------------------------------------------------------
+    def horizon(self, h) -> float:
+        """No event can reach replica h before this time."""
+        bound = self.T if h.pool != DECODE else math.inf
+        if self.pd and self.heap:
+            bound = min(bound, self.heap[0][0])
+        return bound
+
+    def synced(self, h, e: float) -> bool:
+        """May replica h commit an iteration ending at e?"""
+        if h.pool != DECODE and e >= self.T:
+            return False
+        if self.pd and self.heap and (e, h.index) > self.heap[0]:
+            return False
+        return True
+
+    def final(self, h) -> bool:
+        """Will nothing more be sent to h?"""
+        if h.pool != DECODE:
+            return self.idx >= len(self.requests)
+        return (self.idx >= len(self.requests) and all(p.state == "done" for p in self.front)
+                and not any(d.pending for d in self.decode))
+
+    # -- running replicas ---------------------------------------------------------------------------------------
+    def _resume(self, h, value=None) -> None:
+        try:
+            v = h.gen.send(value) if h.state != "new" else next(h.gen)
+        except StopIteration:
+            h.state = "done"
+            self.waiting.discard(h)
+            return
+        if v is WAIT:
+            h.state = "wait"
+            self.waiting.add(h)
+        else:
+            h.state = "run"
+            heapq.heappush(self.heap, (v, h.index))
+        if self.pd and h.pool == DECODE and h.pending:
+            self._reserve(h, h.sim.view.now)
+
+    def _wake(self, h, t: float) -> None:
+        if h.state == "wait":
+            self.waiting.discard(h)
+            h.state = "run"
+            self._resume(h, t)
+
+    def run(self) -> ClusterRun:
+        from sim.engine.loop import _quiet_gc
+        if not self.pd and (self.router.stateless or len(self.front) == 1):
+            # Decisions that read no replica state: place every request now and run each replica on its own
+            # (the single-replica loop itself: a one-replica cluster costs nothing extra).
+            while self.T < math.inf:
+                self._route_instant()
+            for h in self.replicas:
+                h.result = h.sim.run()
+            return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
+        for h in self.replicas:
+            h.gen = h.sim.start_in_cluster(h.clock)
+        if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules
+            self._route_instant()
+        for h in self.replicas:
+            h.clock.start()
+        with _quiet_gc():
+            for h in self.replicas:
+                self._resume(h)
+            self._loop()
+        return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
+
+    def _loop(self) -> None:
+        heap, replicas = self.heap, self.replicas
+        while True:
+            self._flush_wakes()
+            if self.T < math.inf and (not heap or self.T <= heap[0][0]):
+                self._route_instant()
+                continue
+            if heap:
+                _, i = heapq.heappop(heap)
+                self._resume(replicas[i])
+                continue
+            finished = [h for h in list(self.waiting) if h.clock.final]
+            if not finished:
+                if self.waiting:
+                    raise UserError("cluster stuck: replicas wait for requests that cannot come "
+                                    f"({', '.join(map(repr, sorted(self.waiting, key=lambda h: h.index)))})")
+                break
+            for h in sorted(finished, key=lambda h: h.index):
+                self._wake(h, h.sim.view.now)
+        for h in replicas:                        # KV still held for transfers that ended after the last step
+            h.clock.release_until(math.inf)
+
+    def _flush_wakes(self) -> None:
+        while self.to_wake:
+            h, t = self.to_wake.pop(0)
+            self._wake(h, t)
+
+    # -- routing -------------------------------------------------------------------------------------------------
+    def _route_instant(self) -> None:
+        """Route every arrival at the next arrival time, one by one, then let the replicas that got one go on."""
+        reqs, t = self.requests, self.T
+        if self.pd:
+            for h in self.front:                  # idle prefill replicas free KV whose transfer has ended
+                if h.state == "wait":
+                    h.clock.release_until(t)
+        woken = []
+        while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
+            r = reqs[self.idx]
+            self.idx += 1
+            h = self.front[self.router.pick(r, self.front, t)]
+            if self.pd:
+                clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
+                                predicted_output_tokens=1, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s)
+                self.origin_of[r.id] = r
+                target = clone
+            else:
+                target = r
+            h.routed += 1
+            h.routed_tokens += r.prompt_tokens + r.output_tokens
+            if not h.sim.add_request(target):
+                h.completed += 1                  # never runs there: the router learns at once (a 400)
+                h.completed_tokens += r.prompt_tokens + r.output_tokens
+                if self.pd:
+                    r.state, r.reason = INFEASIBLE, target.reason
+            if h.state == "wait":
+                woken.append(h)
+        self.T = reqs[self.idx].arrival_s if self.idx < len(reqs) else math.inf
+        for h in woken:
+            self._wake(h, t)
+        if self.T == math.inf:
+            for h in sorted(self.waiting, key=lambda h: h.index):
+                if h.clock.final:
+                    self.to_wake.append((h, t))
+
+    def _completed(self, h, r) -> None:
+        h.completed += 1
+        h.completed_tokens += r.prompt_tokens + (r.output_tokens if h.pool != DECODE else 0)
+
+    # -- disaggregation ------------------------------------------------------------------------------------------
+    def _prefill_done(self, h, r_p) -> None:
+        """A prefill replica finished a prompt (its KV stays there): hand the request to a decode replica."""
+        self._completed(h, r_p)
+        origin = self.origin_of[r_p.id]
+        t = r_p.completion_s
+        d = self.decode[self.decode_router.pick(origin, self.decode, t)]
+        d.routed += 1
+        d.routed_tokens += origin.output_tokens
+        ho = Handoff(origin, r_p, h, d, t)
+        self.handoffs[origin.id] = ho
+        d.pending.append(ho)
+        self._reserve(d, t)
+
+    def _reserve(self, d, t: float) -> None:
+        """Reserve KV on decode replica d for its waiting handoffs, first come first served, and start their
+        transfers (over the sending replica's link, one transfer at a time)."""
+        spec = self.spec
+        while d.pending:
+            ho = d.pending[0]
+            o, r_p, src = ho.origin, ho.prefill, ho.src
+            prefill_first = spec.first_token == "prefill"
+            kv_tokens = o.prompt_tokens if prefill_first else o.prompt_tokens - 1
+            r_d = Request(o.id, t, o.prompt_tokens, o.output_tokens, cls=o.cls, prefix=o.prefix,
+                          predicted_output_tokens=o.predicted_output_tokens, slo_ttft_s=o.slo_ttft_s,
+                          slo_tbt_s=o.slo_tbt_s)
+            if not d.sim._feasible(r_d):              # can never run there: give the prefill its KV back
+                d.pending.popleft()
+                d.completed += 1
+                ho.infeasible = r_d.reason
+                o.state, o.reason = INFEASIBLE, f"decode pool: {r_d.reason}"
+                src.clock.add_release(t, self._releaser(src, r_p))
+                continue
+            if not d.sim.memory.reserve(r_d, kv_tokens, admission=True):
+                return                                 # back-pressure: wait for room
+            d.pending.popleft()
+            ho.reserved_s = t
+            xfer = self.link_transfer(kv_tokens, src.gpus, d.gpus)
+            start = max(t, src.link_free)
+            wire = xfer - spec.link.latency
+            if spec.layerwise and start == ho.done_s:   # KV streamed layer by layer as the prefill computed it
+                wire = max(wire / self.layers, wire - (ho.done_s - r_p.first_scheduled_s))
+            src.link_free = start + wire
+            ho.sent_s, ho.arrived_s = start, start + wire + spec.link.latency
+            # the request joins d's queue when its KV is there: cached tokens in place, one token to compute
+            r_d.arrival_s = ho.arrived_s
+            r_d.cached = kv_tokens
+            r_d.input_tokens = kv_tokens + 1
+            r_d.first_scheduled_s = r_p.first_scheduled_s
+            r_d.hit_tokens = r_p.hit_tokens
+            if prefill_first:                          # DistServe: the prefill's token was streamed at once
+                r_d.generated = 1
+                r_d.first_token_s = r_p.completion_s
+                r_d.token_times = [r_p.completion_s]
+            ho.decode = r_d
+            sim = d.sim
+            sim.all_requests.append(r_d)
+            pos = bisect.bisect_right(sim.requests, (r_d.arrival_s, r_d.id), lo=d.clock.arrived,
+                                      key=lambda q: (q.arrival_s, q.id))
+            sim.requests.insert(pos, r_d)
+            src.clock.add_release(ho.arrived_s, self._releaser(src, r_p))
+            if d.state == "wait":
+                self.to_wake.append((d, t))
+
+    def _releaser(self, h, r_p):
+        def release():
+            h.sim.held_kv -= r_p.blocks
+            h.sim.memory.free(r_p)
+        return release
+
+    def link_transfer(self, tokens: int, src_gpus: int, dst_gpus: int) -> float:
+        return self.spec.link.transfer_s(tokens * self.kv_bytes_per_token, min(src_gpus, dst_gpus))
+
+
+def run_cluster(scn: Scenario, requests=None):
+    from sim.cluster.results import cluster_result
+    import time
+    t0 = time.perf_counter()
+    run = Cluster(scn, copy.deepcopy(requests) if requests is not None else None).run()
+    return cluster_result(scn, run, time.perf_counter() - t0)

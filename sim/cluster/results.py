@@ -1,0 +1,122 @@
+"""A cluster run's tables: one row per request (where it ran, its KV transfer), per iteration (with the replica), per
+replica, and the cluster summary (GPUs, GPU-seconds, goodput per GPU, load imbalance, KV-transfer share)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+
+from sim.cluster.runner import infeasible_counts
+from sim.metrics import SimResult, request_table, summarize
+
+NAN = float("nan")
+
+
+def _merged_requests(run):
+    """Disaggregated: each request's life as the client sees it (arrival, the prefill's queueing, the decode
+    side's tokens), plus where it ran and its transfer."""
+    reqs, extra = [], []
+    for o in run.origin:
+        ho = run.handoffs.get(o.id)
+        if ho is not None and ho.decode is not None:
+            r = ho.decode
+            r.arrival_s = o.arrival_s            # the decode replica's queue saw the transfer's end; the client this
+            reqs.append(r)
+            extra.append((ho.src.index, ho.dst.index, ho.arrived_s - ho.sent_s, ho.reserved_s - ho.done_s))
+            continue
+        r = copy.copy(o)                        # never reached a decode replica: the prefill side's state
+        if ho is not None:
+            r.state = "infeasible" if ho.infeasible else "waiting"
+            r.reason = f"decode pool: {ho.infeasible}" if ho.infeasible else None
+        reqs.append(r)
+        extra.append((ho.src.index if ho else -1, ho.dst.index if ho else -1, NAN, NAN))
+    return reqs, extra
+
+
+def cluster_result(scn, run, wall_s: float) -> SimResult:
+    replicas = run.replicas
+    results = [h.result if h.result is not None else h.sim.result() for h in replicas]
+    slos = scn.slos()
+    if run.spec.disaggregated:
+        reqs, extra = _merged_requests(run)
+        dec = next(h for h in replicas if h.pool == "decode")
+        req = request_table(reqs, slos, getattr(dec.sim.costmodel, "overheads", None))
+        ex = np.array(extra, dtype=float).reshape(-1, 4)
+        req["prefill_replica"] = ex[:, 0].astype(np.int64)
+        req["decode_replica"] = ex[:, 1].astype(np.int64)
+        req["kv_transfer_s"] = ex[:, 2]
+        req["handoff_wait_s"] = ex[:, 3]
+    else:
+        parts = [res.requests.assign(replica=h.index) for h, res in zip(replicas, results)]
+        req = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        req = req.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
+    it_parts = [res.iterations.assign(replica=h.index, pool=h.pool) for h, res in zip(replicas, results)
+                if len(res.iterations)]
+    it = pd.concat(it_parts, ignore_index=True) if it_parts else pd.DataFrame()
+    capacity = sum(res.capacity_tokens for res in results)
+    summ = summarize(req, pd.DataFrame(), capacity, any(h.sim.truncated for h in replicas))
+    summ.pop("iterations", None)
+    per = replica_table(replicas, results, summ.get("makespan_s", NAN))
+    gpus = int(per["gpus"].sum())
+    makespan = summ.get("makespan_s", NAN)
+    summ["replicas"] = len(replicas)
+    summ["gpus"] = gpus
+    summ["gpu_seconds"] = gpus * makespan if makespan == makespan else NAN
+    summ["goodput_rps_per_gpu"] = summ["goodput_rps"] / gpus if gpus else NAN
+    summ["iterations"] = int(per["iterations"].sum())
+    busy = per["busy_s"].to_numpy(float)
+    work = per["routed_tokens"].to_numpy(float)
+    summ["load_imbalance"] = (float(busy.max() / busy.mean()) if len(busy) and np.isfinite(busy).all()
+                              and busy.mean() > 0 else float(work.max() / work.mean()) if work.mean() > 0 else NAN)
+    summ["kv_util_mean"] = float(per["kv_util_mean"].mean())
+    if run.spec.disaggregated:
+        done = req[req["status"] == "done"]
+        summ["kv_transfer_s_mean"] = float(done["kv_transfer_s"].mean()) if len(done) else NAN
+        summ["handoff_wait_s_mean"] = float(done["handoff_wait_s"].mean()) if len(done) else NAN
+        summ["kv_transfer_share"] = (float(done["kv_transfer_s"].sum() / done["e2e_s"].sum())
+                                     if len(done) and done["e2e_s"].sum() > 0 else NAN)
+    summ["wall_s"] = wall_s
+    infeasible = [r for h in replicas for r in h.sim.infeasible]
+    meta = {"scenario": scn.name, "policy": scn.policy.get("name"), "M": capacity, "wall_s": wall_s,
+            "costmodel": "; ".join(sorted({h.sim.costmodel.describe() for h in replicas
+                                           if hasattr(h.sim.costmodel, "describe")})),
+            "infeasible_ids": sorted({r.id for r in infeasible}), "infeasible_reasons": infeasible_counts(infeasible),
+            "memory": {"M": capacity, "replicas": [res.capacity_tokens for res in results]},
+            "memory_text": f"KV M per replica: {', '.join(str(res.capacity_tokens) for res in results)} tokens",
+            "cluster": {"replicas": len(replicas), "gpus": gpus,
+                        "pools": sorted({h.pool for h in replicas})}}
+    out = SimResult(req, it, summ, capacity, meta)
+    out.tables["replicas"] = per
+    return out
+
+
+def replica_table(replicas, results, makespan: float) -> pd.DataFrame:
+    rows = []
+    for h, res in zip(replicas, results):
+        s, it = res.summary, res.iterations
+        busy = float(it["duration_s"].sum()) if len(it) else NAN
+        rows.append({"replica": h.index, "pool": h.pool, "gpu": h.scn.hardware.gpu, "gpus": h.gpus,
+                     "model": h.scn.model.name if not h.scn.model.config else h.scn.model.config,
+                     "policy": h.scn.policy.get("name"), "M": res.capacity_tokens, "routed": h.routed,
+                     "routed_tokens": h.routed_tokens, "completed": s.get("completed", 0),
+                     "iterations": s.get("iterations", 0), "busy_s": busy,
+                     "utilization": busy / makespan if makespan and makespan == makespan and busy == busy else NAN,
+                     "tps": s.get("tps", NAN), "ttft_p99": s.get("ttft_p99", NAN),
+                     "kv_util_mean": s.get("kv_util_mean", NAN), "preemptions": s.get("evictions", 0)})
+    return pd.DataFrame(rows)
+
+
+def per_replica_load(iterations: pd.DataFrame, bin_s: float | None = None) -> pd.DataFrame:
+    """Running requests per replica over time (iteration-weighted mean in time bins): the load-over-time plot."""
+    if not len(iterations):
+        return pd.DataFrame(columns=["t_s", "replica", "running"])
+    end = float((iterations["start_s"] + iterations["duration_s"]).max())
+    bin_s = bin_s or max(end / 200, 1e-3)
+    t = (iterations["start_s"] // bin_s) * bin_s
+    df = iterations.assign(t_s=t, w=iterations["duration_s"])
+    g = df.groupby(["t_s", "replica"])
+    out = (g.apply(lambda x: float((x["running"] * x["w"]).sum() / x["w"].sum()) if x["w"].sum() > 0
+                   else float(x["running"].mean()), include_groups=False)
+           .rename("running").reset_index())
+    return out

@@ -1,0 +1,152 @@
+"""Routers: which replica a request goes to, decided at its arrival from what a real router can see.
+
+A router sees each replica through a ReplicaHandle (sim/cluster/cluster.py): the requests it has sent there and
+not yet seen complete (its own bookkeeping, as Envoy's least-request balancer and Dynamo's KV router keep), their
+prompt and output tokens, the replica's queue and running counts and KV use (the metrics a vLLM server exports),
+and, for cache-aware routing, how many of a request's prompt tokens the replica's prefix cache holds (what llm-d's
+and Dynamo's routers track from the KV events replicas publish). Ties go to the lowest replica index, so routing is
+deterministic given the scenario's seed. `register_router` adds a router (user extensions too)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from costmodels.errors import UserError
+
+ROUTERS: dict = {}
+
+
+def register_router(name: str, cls, summary: str) -> None:
+    ROUTERS[name] = (cls, summary)
+
+
+class Router:
+    """Pick a replica for each request. Knobs are the dataclass `Config`'s fields (like policies)."""
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, rng: np.random.Generator, **knobs):
+        names = {f.name for f in fields(self.Config)}
+        bad = sorted(set(knobs) - names)
+        if bad:
+            raise UserError(f"cluster.router: unknown knob(s) {', '.join(bad)} for router {self.name!r}; allowed: "
+                            f"{', '.join(sorted(names)) or '(none)'}")
+        self.config = self.Config(**knobs)
+        self.rng = rng
+
+    name = "router"
+    stateless = False     # True: picks never read replica state, so every request may be placed up front
+
+    def pick(self, req, replicas, now: float) -> int:    # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _argmin(values) -> int:
+    best, arg = None, 0
+    for i, v in enumerate(values):
+        if best is None or v < best:
+            best, arg = v, i
+    return arg
+
+
+class RoundRobin(Router):
+    name = "round_robin"
+    stateless = True
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
+        self.next = 0
+
+    def pick(self, req, replicas, now):
+        i = self.next % len(replicas)
+        self.next += 1
+        return i
+
+
+class Random(Router):
+    name = "random"
+    stateless = True
+
+    def pick(self, req, replicas, now):
+        return int(self.rng.integers(len(replicas)))
+
+
+class LeastRequests(Router):
+    """Fewest outstanding requests (sent, not yet complete): Envoy's least_request, vLLM's router default."""
+    name = "least_requests"
+
+    def pick(self, req, replicas, now):
+        return _argmin(h.outstanding_requests for h in replicas)
+
+
+class LeastTokens(Router):
+    """Join the shortest queue by work: fewest outstanding tokens (prompt + output of unfinished requests)."""
+    name = "least_tokens"
+
+    def pick(self, req, replicas, now):
+        return _argmin(h.outstanding_tokens for h in replicas)
+
+
+class PowerOfTwo(Router):
+    """Two replicas drawn at random, the one with fewer outstanding requests (Mitzenmacher's two choices)."""
+    name = "power_of_two"
+
+    def pick(self, req, replicas, now):
+        n = len(replicas)
+        if n == 1:
+            return 0
+        a, b = (int(x) for x in self.rng.choice(n, size=2, replace=False))
+        return a if (replicas[a].outstanding_requests, a) <= (replicas[b].outstanding_requests, b) else b
+
+
+class PrefixAffinity(Router):
+    """Cache-aware, balanced against load (Dynamo's KV router cost): for each replica, the prompt blocks it would
+    have to compute (not in its prefix cache) times `overlap_weight`, plus the KV blocks it has in use and the
+    prompt blocks already queued there; the lowest cost wins."""
+    name = "prefix_affinity"
+
+    @dataclass
+    class Config:
+        overlap_weight: float = 1.0
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
+        if not self.config.overlap_weight >= 0:
+            raise UserError(f"cluster.router.overlap_weight: must be >= 0, got {self.config.overlap_weight!r}")
+
+    def pick(self, req, replicas, now):
+        w = self.config.overlap_weight
+        costs = []
+        for h in replicas:
+            bs = h.block_size
+            new_prefill = -(-(req.prompt_tokens - h.cached_prefix_tokens(req)) // bs)
+            costs.append(w * new_prefill + h.kv_blocks_in_use + -(-h.queued_prompt_tokens // bs))
+        return _argmin(costs)
+
+
+for _cls, _summary in (
+        (RoundRobin, "each replica in turn"),
+        (Random, "a replica drawn uniformly (the scenario's seed)"),
+        (LeastRequests, "fewest outstanding requests (sent, not complete)"),
+        (LeastTokens, "fewest outstanding tokens, prompt + output (join the shortest queue by work)"),
+        (PowerOfTwo, "two replicas at random, the one with fewer outstanding requests"),
+        (PrefixAffinity, "prefix-cache affinity balanced against KV load (Dynamo/llm-d style)")):
+    register_router(_cls.name, _cls, _summary)
+
+
+def build_router(spec, rng: np.random.Generator, where: str = "cluster.router") -> Router:
+    """A router from `name` or {name: ..., knobs...}."""
+    if spec is None:
+        spec = "round_robin"
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise UserError(f"{where}: expected a router name or a mapping with `name`, got {spec!r}")
+    knobs = dict(spec)
+    name = knobs.pop("name")
+    if name not in ROUTERS:
+        raise UserError(f"{where}: unknown router {name!r}; allowed: {', '.join(sorted(ROUTERS))}")
+    return ROUTERS[name][0](rng, **knobs)
