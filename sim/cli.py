@@ -34,7 +34,8 @@ def _fmt(v):
 SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "request_throughput", "ttft_mean",
                 "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
                 "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
-                "wall_s")
+                "replicas", "gpus", "gpu_seconds", "goodput_rps_per_gpu", "load_imbalance", "kv_transfer_s_mean",
+                "kv_transfer_share", "handoff_wait_s_mean", "wall_s")
 
 
 def print_summary(summary: dict, title: str = "", file=None) -> None:
@@ -62,6 +63,9 @@ def cmd_run(args) -> int:
               f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)
     print_summary(res.summary, f"{scn.name}: policy={scn.policy.get('name')} M={res.capacity_tokens} tokens")
     print(f"  {res.meta['memory_text']}")
+    if "replicas" in res.tables:                # a cluster: one line per replica
+        cols = ["replica", "pool", "gpu", "gpus", "routed", "completed", "utilization", "ttft_p99", "kv_util_mean"]
+        print(res.tables["replicas"][cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.out:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")

@@ -18,7 +18,7 @@ from sim.engine.arrivals import ArrivalClock
 class ReplicaClock(ArrivalClock):
     cluster = True
 
-    def __init__(self, driver, replica, requests, waiting):
+    def __init__(self, driver, replica, requests, waiting, view=None):
         # not ArrivalClock.__init__: nothing is known yet; the driver places the t = 0 arrivals, then start()
         self.driver, self.replica = driver, replica
         self.requests, self.waiting = requests, waiting
@@ -27,6 +27,8 @@ class ReplicaClock(ArrivalClock):
         self._from = 0.0                    # the arrivals process's clock when it last ran
         self.releases: list = []            # (time, seq, callback): KV freed when a transfer ends
         self._seq = 0
+        self.view = view
+        self.preloaded: set = set()         # request ids whose KV arrives with them: they join the running set
 
     def start(self) -> None:
         """Both processes start at 0, arrivals first: what is due at 0 is queued before the first schedule."""
@@ -91,7 +93,11 @@ class ReplicaClock(ArrivalClock):
         while True:
             t = reqs[i].arrival_s
             while i < n and reqs[i].arrival_s <= t:
-                self.waiting.append(reqs[i])
+                r = reqs[i]
+                if r.id in self.preloaded:
+                    self.view.enter_running(r)
+                else:
+                    self.waiting.append(r)
                 i += 1
             if i >= n or reqs[i].arrival_s > now:
                 break

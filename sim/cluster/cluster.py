@@ -132,7 +132,7 @@ class ReplicaHandle:
 
     def __init__(self, index: int, pool: str, scn: Scenario, sim, driver):
         self.index, self.pool, self.scn, self.sim = index, pool, scn, sim
-        self.clock = ReplicaClock(driver, self, sim.requests, sim.view.waiting)
+        self.clock = ReplicaClock(driver, self, sim.requests, sim.view.waiting, sim.view)
         self.gpus = scn.hardware.tp
         self.gen = None
         self.result = None              # its SimResult, when it ran on its own
@@ -289,8 +289,8 @@ class Cluster:
 
     def final(self, h) -> bool:
         """Will nothing more be sent to h?"""
-        if h.pool != DECODE:
-            return self.idx >= len(self.requests)
+        if h.pool != DECODE:                      # (a prefill holding KV for transfers still gets releases)
+            return self.idx >= len(self.requests) and not h.sim.held_kv
         return (self.idx >= len(self.requests) and all(p.state == "done" for p in self.front)
                 and not any(d.pending for d in self.decode))
 
@@ -413,6 +413,16 @@ class Cluster:
         self._completed(h, r_p)
         origin = self.origin_of[r_p.id]
         t = r_p.completion_s
+        if self.spec.first_token == "prefill" and origin.output_tokens == 1:   # its only token came from the prefill
+            from sim.metrics import finalize_request
+            r = copy.copy(origin)
+            r.state, r.generated, r.cached = "done", 1, r.prompt_tokens
+            r.first_scheduled_s, r.first_token_s, r.completion_s = r_p.first_scheduled_s, t, t
+            r.token_times, r.hit_tokens = [t], r_p.hit_tokens
+            finalize_request(r, False)
+            self.handoffs[origin.id] = Handoff(origin, r_p, h, h, t, t, t, t, r)
+            self._releaser(h, r_p)()            # nothing to send: the KV is freed as at any completion
+            return
         d = self.decode[self.decode_router.pick(origin, self.decode, t)]
         d.routed += 1
         d.routed_tokens += origin.output_tokens
@@ -439,6 +449,8 @@ class Cluster:
                 ho.infeasible = r_d.reason
                 o.state, o.reason = INFEASIBLE, f"decode pool: {r_d.reason}"
                 src.clock.add_release(t, self._releaser(src, r_p))
+                if src.state == "wait":
+                    self.to_wake.append((src, t))
                 continue
             if not d.sim.memory.reserve(r_d, kv_tokens, admission=True):
                 return                                 # back-pressure: wait for room
@@ -451,10 +463,10 @@ class Cluster:
                 wire = max(wire / self.layers, wire - (ho.done_s - r_p.first_scheduled_s))
             src.link_free = start + wire
             ho.sent_s, ho.arrived_s = start, start + wire + spec.link.latency
-            # the request joins d's queue when its KV is there: cached tokens in place, one token to compute
+            # the request joins d's running set when its KV is there, as a decode: its next step reads that KV
+            # and produces its next token (decode mode: the first, from the last prompt token)
             r_d.arrival_s = ho.arrived_s
-            r_d.cached = kv_tokens
-            r_d.input_tokens = kv_tokens + 1
+            r_d.cached = r_d.input_tokens = kv_tokens
             r_d.first_scheduled_s = r_p.first_scheduled_s
             r_d.hit_tokens = r_p.hit_tokens
             if prefill_first:                          # DistServe: the prefill's token was streamed at once
@@ -467,9 +479,11 @@ class Cluster:
             pos = bisect.bisect_right(sim.requests, (r_d.arrival_s, r_d.id), lo=d.clock.arrived,
                                       key=lambda q: (q.arrival_s, q.id))
             sim.requests.insert(pos, r_d)
+            d.clock.preloaded.add(r_d.id)
             src.clock.add_release(ho.arrived_s, self._releaser(src, r_p))
-            if d.state == "wait":
-                self.to_wake.append((d, t))
+            for h in (d, src):
+                if h.state == "wait":
+                    self.to_wake.append((h, t))
 
     def _releaser(self, h, r_p):
         def release():

@@ -53,7 +53,11 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         req = req.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
     it_parts = [res.iterations.assign(replica=h.index, pool=h.pool) for h, res in zip(replicas, results)
                 if len(res.iterations)]
-    it = pd.concat(it_parts, ignore_index=True) if it_parts else pd.DataFrame()
+    if it_parts:
+        it = pd.concat(it_parts, ignore_index=True)
+    else:
+        from sim.engine.loop import ITER_COLUMNS
+        it = pd.DataFrame(columns=[*ITER_COLUMNS, "replica", "pool"])
     capacity = sum(res.capacity_tokens for res in results)
     summ = summarize(req, pd.DataFrame(), capacity, any(h.sim.truncated for h in replicas))
     summ.pop("iterations", None)

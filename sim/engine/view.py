@@ -71,6 +71,13 @@ class ReplicaView:
             req.hit_tokens = req.cached
         return True
 
+    def enter_running(self, req: Request) -> None:
+        """A request whose KV is already in place joins the running set without an admission (a disaggregated
+        decode replica receiving a transferred prefill: the cluster reserved its blocks when the transfer began)."""
+        req.state = RUNNING
+        self._run(req)
+        self.kv_cached_tokens += req.cached
+
     def end_schedule(self) -> None:
         """After a policy's schedule(): lookups that were not admitted lapse (a waiting request holds no KV)."""
         for r in self.looked_up:

@@ -1,0 +1,248 @@
+"""Clusters: replicas behind routers reproduce single-replica runs exactly, routers behave as specified, prefill/
+decode disaggregation moves KV as worked by hand with back-pressure, invariants over random clusters, bad input."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from costmodels import get_model
+from costmodels.errors import UserError
+from sim.cluster import routers
+from sim.cluster.runner import run_scenario
+from sim.scenario.build import requests_from_table
+from sim.scenario.config import scenario_from_dict
+from traces import build_workload
+
+POISSON = {"kind": "poisson", "num_requests": 240, "rate": 16, "prompt": {"dist": "uniform", "low": 16, "high": 512},
+           "output": {"dist": "uniform", "low": 8, "high": 200}}
+BURSTY = {"kind": "gamma", "num_requests": 1500, "rate": 9, "cv": 3,
+          "prompt": {"dist": "uniform", "low": 32, "high": 2000}, "output": {"dist": "uniform", "low": 16, "high": 500}}
+
+
+def _base(policy="sarathi", workload=POISSON, M=6000, **kw):
+    return {"name": "c", "seed": 3, "memory": {"M": M}, "policy": {"name": policy}, "workload": workload, **kw}
+
+
+def _run(raw, cluster=None):
+    return run_scenario(scenario_from_dict({**raw, "cluster": cluster} if cluster else raw))
+
+
+def _requests(raw):
+    scn = scenario_from_dict(raw)
+    reqs = requests_from_table(build_workload(scn.workload, np.random.default_rng(scn.seed)))
+    return scn, sorted(reqs, key=lambda r: (r.arrival_s, r.id))
+
+
+def _same_as_single_runs(raw, res, n):
+    scn, reqs = _requests(raw)
+    for k in range(n):
+        single = run_scenario(scn, requests=[r for i, r in enumerate(reqs) if i % n == k])
+        mine = res.requests[res.requests.replica == k].drop(columns=["replica"]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(single.requests.reset_index(drop=True), mine)
+        it = res.iterations[res.iterations.replica == k].drop(columns=["replica", "pool"]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(single.iterations.reset_index(drop=True), it)
+
+
+@pytest.mark.parametrize("policy,workload,fast", [
+    ("sarathi", POISSON, True), ("vllm-v1", POISSON, True), ("vllm-v1", POISSON, False),
+    ("vllm", {**BURSTY, "num_requests": 200, "rate": 30}, True), ("orca", {"kind": "offline", "num_requests": 90, "prompt": 64,
+                                                               "output": 40}, True),
+    ("vllm-v1", {"kind": "shared_prefix", "num_groups": 3, "num_prompts_per_group": 4, "system_prompt_len": 200,
+                 "question_len": 100, "output_len": 60, "stages": [{"rate": 15, "duration": 12}]}, True),
+])
+def test_round_robin_replicas_equal_single_runs_on_their_share(policy, workload, fast, monkeypatch):
+    """Exactly: each replica's request and iteration tables are a single-replica run on the requests it got,
+    both when round-robin places everything up front and when the cluster interleaves the replicas in time
+    (the path every load-aware router takes)."""
+    raw = _base(policy, workload, sim={"fast_forward": fast})
+    _same_as_single_runs(raw, _run(raw, {"replicas": 3, "router": "round_robin"}), 3)
+    monkeypatch.setattr(routers.RoundRobin, "stateless", False)
+    _same_as_single_runs(raw, _run(raw, {"replicas": 3, "router": "round_robin"}), 3)
+
+
+def test_a_one_replica_cluster_is_the_single_run():
+    raw = _base("vllm-v1")
+    single, one = _run(raw), _run(raw, {"replicas": 1, "router": "least_tokens"})
+    pd.testing.assert_frame_equal(single.requests, one.requests.drop(columns=["replica"]))
+    assert one.summary["gpus"] == 1 and one.summary["replicas"] == 1
+    assert one.summary["ttft_p99"] == single.summary["ttft_p99"]
+
+
+def test_join_shortest_queue_beats_round_robin_on_bursty_load():
+    """Least outstanding tokens is never worse than round-robin on p99 TTFT under bursty (CV 3) arrivals, over
+    seeds (four A100 replicas at about 70% load)."""
+    for seed in range(6):
+        raw = {**_base("vllm-v1", BURSTY, M=30000), "seed": seed}
+        rr = _run(raw, {"replicas": 4, "router": "round_robin"}).summary["ttft_p99"]
+        jsq = _run(raw, {"replicas": 4, "router": "least_tokens"}).summary["ttft_p99"]
+        assert jsq <= rr * 1.001, (seed, jsq, rr)
+
+
+def test_routers_place_requests_as_specified():
+    from sim.cluster.cluster import Cluster
+    raw = _base("vllm-v1")
+    c = Cluster(scenario_from_dict({**raw, "cluster": {"replicas": 3, "router": "least_requests"}}))
+    h0, h1, h2 = c.replicas
+    h0.routed, h1.routed, h2.routed = 5, 2, 2
+    h1.completed = 1
+    req = c.requests[0]
+    assert c.router.pick(req, c.replicas, 0.0) == 1          # fewest outstanding (ties: lowest index)
+    lt = routers.build_router("least_tokens", np.random.default_rng(0))
+    h0.routed_tokens, h1.routed_tokens, h2.routed_tokens = 900, 1000, 300
+    assert lt.pick(req, c.replicas, 0.0) == 2
+    rr = routers.build_router("round_robin", np.random.default_rng(0))
+    assert [rr.pick(req, c.replicas, 0.0) for _ in range(5)] == [0, 1, 2, 0, 1]
+    p2 = routers.build_router("power_of_two", np.random.default_rng(0))
+    picks = [p2.pick(req, c.replicas, 0.0) for _ in range(200)]
+    assert picks.count(0) < picks.count(2)                   # never both the busiest when drawn against another
+
+
+def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica():
+    """Five 1K-token system prompts over four replicas that each cache about two: round-robin cycles every prefix
+    through every replica and evicts them before they return; affinity routing keeps them where they are."""
+    wl = {"kind": "shared_prefix", "num_groups": 5, "num_prompts_per_group": 1, "system_prompt_len": 1024,
+          "question_len": 32, "output_len": 30, "stages": [{"rate": 6, "duration": 30}]}
+    raw = _base("vllm-v1", wl, M=3000)
+    aff = _run(raw, {"replicas": 4, "router": "prefix_affinity"})
+    rr = _run(raw, {"replicas": 4, "router": "round_robin"})
+    hits = lambda res: res.requests["prefix_hit_tokens"].sum()   # noqa: E731
+    assert hits(aff) > 1.5 * hits(rr)
+    assert aff.requests.groupby("replica").size().min() > 0.5 * 180 / 4     # load is still spread
+
+
+def test_heterogeneous_groups_and_a_custom_router():
+    class FirstFree(routers.Router):
+        name = "first_free"
+
+        def pick(self, req, replicas, now):
+            return next((i for i, h in enumerate(replicas) if h.outstanding_requests == 0), 0)
+    routers.register_router("first_free", FirstFree, "test router")
+    try:
+        raw = _base("sarathi", POISSON, M=None, hardware={"gpu": "a100-80gb"})
+        raw["memory"] = {}
+        res = _run(raw, {"replicas": [{"count": 1, "hardware": {"gpu": "h100-sxm"}}, 2], "router": "first_free"})
+        per = res.tables["replicas"]
+        assert per["gpu"].tolist() == ["h100-sxm", "a100-80gb", "a100-80gb"]
+        assert per["routed"].sum() == 240 and res.summary["completed"] == 240
+        assert per.loc[0, "routed"] > per.loc[1, "routed"]  # the first free replica is tried first
+    finally:
+        del routers.ROUTERS["first_free"]
+
+
+# -- disaggregation --------------------------------------------------------------------------------------------
+PD_WL = {"kind": "poisson", "num_requests": 120, "rate": 3, "prompt": {"dist": "uniform", "low": 100, "high": 1500},
+         "output": {"dist": "uniform", "low": 8, "high": 200}}
+
+
+def _pd(prefill=1, decode=1, link="ethernet-100g", M=None, **dis):
+    raw = {"name": "pd", "seed": 1, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
+           "workload": PD_WL, "memory": {"M": M} if M else {},
+           "cluster": {"disaggregation": {"prefill": prefill, "decode": decode, "link": link, **dis}}}
+    return raw
+
+
+def test_pd_transfer_time_by_hand_and_no_decode_before_its_kv():
+    raw = _pd(link={"bandwidth_gbps": 100, "latency_us": 50})
+    raw["workload"] = {"kind": "offline", "num_requests": 1, "prompt": 1001, "output": 5}
+    res = _run(raw)
+    r = res.requests.iloc[0]
+    kv = get_model("llama-2-7b").kv_bytes_per_token()            # 512 KiB
+    assert r["kv_transfer_s"] == pytest.approx(1000 * kv / 12.5e9 + 50e-6, rel=1e-12)
+    assert r["status"] == "done" and r["generated_tokens"] == 5
+    it = res.iterations
+    pre, dec = it[it.pool == "prefill"], it[it.pool == "decode"]
+    prefill_end = float((pre["start_s"] + pre["duration_s"]).max())
+    assert dec["start_s"].min() >= prefill_end + r["kv_transfer_s"] - 1e-12
+    # vLLM's disaggregated TTFT: prefill, transfer, then the decode side's first step
+    assert r["ttft_s"] > prefill_end + r["kv_transfer_s"]
+
+
+def test_pd_first_token_from_the_prefill_side_as_distserve():
+    raw = _pd(first_token="prefill")
+    raw["workload"] = {"kind": "offline", "num_requests": 1, "prompt": 1001, "output": 5}
+    r = _run(raw).requests.iloc[0]
+    raw2 = _pd(first_token="decode")
+    raw2["workload"] = raw["workload"]
+    r2 = _run(raw2).requests.iloc[0]
+    assert r["ttft_s"] < r2["ttft_s"] - r2["kv_transfer_s"] + 1e-9
+    assert r["generated_tokens"] == r2["generated_tokens"] == 5
+
+
+def test_pd_back_pressure_holds_kv_on_the_prefill_side_and_everything_finishes():
+    raw = _pd(prefill=2, decode=1, M=3000)
+    raw["workload"] = {**PD_WL, "rate": 20, "output": {"dist": "uniform", "low": 100, "high": 300},
+                       "prompt": {"dist": "uniform", "low": 200, "high": 900}}
+    res = _run(raw)
+    req = res.requests
+    assert (req["status"] == "done").all()
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert req["handoff_wait_s"].max() > 0                       # the decode pool was full at times
+    for _, g in res.iterations.groupby("replica"):
+        assert (g["kv_alloc_tokens"] <= 3000).all()
+    assert res.summary["kv_transfer_share"] > 0
+
+
+def test_pd_layerwise_overlap_shortens_the_transfer():
+    full = _run(_pd(link="ethernet-25g")).requests
+    lay = _run(_pd(link="ethernet-25g", layerwise=True)).requests
+    assert lay["kv_transfer_s"].mean() < full["kv_transfer_s"].mean()
+    assert (lay["kv_transfer_s"] > 0).all()
+
+
+# -- invariants over random clusters ---------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), router=st.sampled_from(sorted(routers.ROUTERS)),
+       policy=st.sampled_from(["vllm-v1", "sarathi", "vllm", "vllm-v0", "orca"]), seed=st.integers(0, 5),
+       M=st.sampled_from([1500, 4000, 20000]), pd_=st.booleans())
+def test_invariants_over_random_clusters(n, router, policy, seed, M, pd_):
+    wl = {"kind": "gamma", "num_requests": 60, "rate": 8, "cv": 2, "prompt": {"dist": "uniform", "low": 8, "high": 600},
+          "output": {"dist": "uniform", "low": 1, "high": 150}}
+    raw = {"name": "r", "seed": seed, "memory": {"M": M}, "policy": {"name": policy}, "workload": wl,
+           "costmodel": {"kind": "linear"}}
+    cluster = ({"disaggregation": {"prefill": n, "decode": max(1, 5 - n)}, "router": router} if pd_
+               else {"replicas": n, "router": router})
+    a, b = _run(raw, cluster), _run(raw, cluster)
+    pd.testing.assert_frame_equal(a.requests, b.requests)        # same seed, same tables
+    req = a.requests
+    assert len(req) == 60 and req["id"].is_unique                 # nothing lost, nothing duplicated
+    done = req[req["status"] == "done"]
+    assert (done["generated_tokens"] == done["output_tokens"]).all()
+    assert set(req["status"]) <= {"done", "infeasible"}
+    for _, g in a.iterations.groupby("replica"):
+        assert (g["kv_alloc_tokens"] <= M).all()
+
+
+# -- bad input -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cluster,message", [
+    ({"replicas": 0}, r"cluster.replicas: must be an integer >= 1"),
+    ({"replicas": []}, r"an empty list has no replicas"),
+    ({"replicas": 2, "router": "fastest"}, r"unknown router 'fastest'; allowed: least_requests"),
+    ({"replicas": 2, "routr": "x"}, r"unknown key\(s\) routr"),
+    ({"disaggregation": {"prefill": 1, "decode": 1, "link": {"bandwidth_gbps": 0}}},
+     r"bandwidth_gbps: must be a number > 0"),
+    ({"disaggregation": {"prefill": 1, "decode": 1, "link": "carrier-pigeon"}}, r"unknown link 'carrier-pigeon'"),
+    ({"disaggregation": {"prefill": 1, "decode": {"count": 1, "model": {"name": "llama-3-8b"}}}},
+     r"decode pool serves llama-3-8b but the prefill pool llama-2-7b"),
+    ({"disaggregation": {"prefill": 1, "decode": {"count": 1, "memory": {"M": 16}}}},
+     r"disaggregation.decode: its replicas hold 16 KV tokens, less than the smallest request"),
+    ({"disaggregation": {"prefill": 1}}, r"disaggregation.decode: missing"),
+    ({"replicas": 2, "disaggregation": {"prefill": 1, "decode": 1}}, "not both"),
+])
+def test_bad_cluster_input_is_one_line(cluster, message):
+    with pytest.raises(UserError, match=message):
+        _run(_base(), cluster)
+
+
+def test_cli_runs_a_cluster_and_writes_the_replica_table(tmp_path, capsys):
+    import yaml
+    from sim.cli import main
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({**_base(), "cluster": {"replicas": 2, "router": "least_tokens"}}))
+    assert main(["run", str(p), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "gpus" in out and "load_imbalance" in out
+    per = pd.read_csv(tmp_path / "out" / "replicas.csv")
+    assert per["routed"].sum() == 240 and set(per["pool"]) == {"serve"}
+    assert math.isfinite(pd.read_csv(tmp_path / "out" / "summary.csv")["gpu_seconds"].iloc[0])
