@@ -20,6 +20,7 @@ PLUGINS: list[str] = [
     "sim.study.findings.report",
     "sim.study.regress",
     "sim.study.validate",
+    "sim.study.plan",
 ]
 
 

@@ -212,6 +212,8 @@ def test_invariants_over_random_clusters(n, router, policy, seed, M, pd_):
     assert set(req["status"]) <= {"done", "infeasible"}
     for _, g in a.iterations.groupby("replica"):
         assert (g["kv_alloc_tokens"] <= M).all()
+        start, end = g["start_s"].to_numpy(), (g["start_s"] + g["duration_s"]).to_numpy()
+        assert (start[1:] >= end[:-1] - 1e-9).all()            # a replica's iterations follow one another
 
 
 # -- bad input -------------------------------------------------------------------------------------------------
@@ -246,3 +248,66 @@ def test_cli_runs_a_cluster_and_writes_the_replica_table(tmp_path, capsys):
     per = pd.read_csv(tmp_path / "out" / "replicas.csv")
     assert per["routed"].sum() == 240 and set(per["pool"]) == {"serve"}
     assert math.isfinite(pd.read_csv(tmp_path / "out" / "summary.csv")["gpu_seconds"].iloc[0])
+
+
+# -- planner, presets, plots --------------------------------------------------------------------------------------
+PLAN_WL = {"kind": "poisson", "num_requests": 150, "rate": 4, "prompt": {"dist": "uniform", "low": 64, "high": 1200},
+           "output": {"dist": "uniform", "low": 16, "high": 200}}
+
+
+def test_planner_finds_the_fewest_replicas_that_meet_the_target():
+    from sim.study.plan import Planner
+    raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
+           "workload": PLAN_WL, "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "cluster": {"router": "least_tokens"}}
+    p = Planner(raw, "test", rate=14.0, target=0.9, seeds=[0, 1])
+    ans = p.search()
+    assert ans["status"] == "ok"
+    n = ans["replicas"]
+    assert p.meets((n,)) and ans["gpus"] == n
+    if n > 1:
+        assert (n - 1,) in {k[0] for k in p.cache} and not p.meets((n - 1,))   # one fewer misses
+    for (lay, seed), rec in p.cache.items():                                    # common random numbers
+        assert rec["layout"] == list(lay)
+
+
+def test_planner_splits_a_disaggregated_pool():
+    from sim.study.plan import Planner
+    raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
+           "workload": PLAN_WL, "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+           "cluster": {"disaggregation": {"preset": "distserve"}}}
+    ans = Planner(raw, "test", rate=6.0, target=0.8, seeds=[0], max_replicas=8).search()
+    assert ans["status"] == "ok" and ans["disaggregated"]
+    assert ans["prefill"] + ans["decode"] == ans["replicas"] >= 2
+
+
+def test_planner_bad_input_is_one_line():
+    from sim.study.plan import Planner
+    with pytest.raises(UserError, match="--rate: must be > 0"):
+        Planner({}, "t", rate=0, target=0.9, seeds=[0])
+    with pytest.raises(UserError, match="--slo-attainment: must be in"):
+        Planner({}, "t", rate=1, target=1.5, seeds=[0])
+
+
+def test_distserve_preset_and_its_overrides():
+    from sim.cluster.cluster import parse_cluster
+    spec = parse_cluster({"disaggregation": {"preset": "distserve", "prefill": 3}})
+    (pp, pn, po), (dp, dn, do) = spec.groups
+    assert (pp, pn, po["policy"]["name"]) == ("prefill", 3, "vllm")
+    assert (dp, dn, do["policy"]["name"]) == ("decode", 1, "vllm")
+    assert spec.first_token == "prefill" and spec.link.bandwidth == 12.5e9
+    with pytest.raises(UserError, match="unknown preset 'splitwise'; allowed: distserve"):
+        parse_cluster({"disaggregation": {"preset": "splitwise"}})
+
+
+def test_cli_plan_and_replica_plot(tmp_path, capsys):
+    import yaml
+    from sim.cli import main
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({**_base("vllm-v1"), "cluster": {"replicas": 2, "router": "least_requests"},
+                                 "slo": {"ttft_s": 1.0}}))
+    assert main(["run", str(p), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert main(["plot", "replicas", str(tmp_path / "run"), "--formats", "png"]) == 0
+    assert (tmp_path / "run" / "replicas.png").stat().st_size > 1000
+    assert main(["plan", str(p), "--rate", "8", "--slo-attainment", "0.5", "--out", str(tmp_path / "plan")]) == 0
+    out = capsys.readouterr().out
+    assert "plan: " in out and (tmp_path / "plan" / "plan.json").exists()

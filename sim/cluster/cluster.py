@@ -35,6 +35,12 @@ from traces import build_workload
 SERVE, PREFILL, DECODE = "serve", "prefill", "decode"
 REPLICA_SECTIONS = ("model", "hardware", "costmodel", "memory", "policy", "sim")
 FIRST_TOKEN = ("decode", "prefill")
+# DistServe as EconoServe ran it: one prefill and one decode GPU per pair, KV over 100 Gb/s Ethernet, whole-prompt
+# FCFS batches on the prefill side, continuous batching of decodes on the other, the first token streamed by the
+# prefill instance. Counts, policies and the link can be overridden next to `preset`.
+DISAGG_PRESETS = {"distserve": {"prefill": {"count": 1, "policy": {"name": "vllm"}},
+                                "decode": {"count": 1, "policy": {"name": "vllm"}},
+                                "link": {"kind": "ethernet-100g"}, "first_token": "prefill", "layerwise": False}}
 
 
 # -- the cluster section ---------------------------------------------------------------------------------------
@@ -88,6 +94,20 @@ def parse_cluster(raw: dict) -> ClusterSpec:
             raise UserError(f"{where}: give replicas or disaggregation (prefill and decode pools), not both")
         if not isinstance(dis, dict):
             raise UserError(f"{where}.disaggregation: expected a mapping")
+        if "preset" in dis:
+            name = dis["preset"]
+            if name not in DISAGG_PRESETS:
+                raise UserError(f"{where}.disaggregation.preset: unknown preset {name!r}; allowed: "
+                                f"{', '.join(DISAGG_PRESETS)}")
+            base = copy.deepcopy(DISAGG_PRESETS[name])
+            for k, v in dis.items():
+                if k in (PREFILL, DECODE) and isinstance(v, int) and not isinstance(v, bool):
+                    base[k]["count"] = v             # a count keeps the preset's pool settings
+                elif k in (PREFILL, DECODE) and isinstance(v, dict):
+                    base[k] = {**base[k], **v}
+                elif k != "preset":
+                    base[k] = v
+            dis = base
         bad = set(dis) - {"prefill", "decode", "link", "layerwise", "first_token", "decode_router"}
         if bad:
             raise UserError(f"{where}.disaggregation: unknown key(s) {', '.join(sorted(bad))}; allowed: prefill, "
@@ -274,14 +294,14 @@ class Cluster:
     # -- what the replica clocks ask --------------------------------------------------------------------------
     def horizon(self, h) -> float:
         """No event can reach replica h before this time."""
-        bound = self.T if h.pool != DECODE else math.inf
+        bound = self.T                            # (decode replicas too: an arrival's prefill ends in a handoff)
         if self.pd and self.heap:
             bound = min(bound, self.heap[0][0])
         return bound
 
     def synced(self, h, e: float) -> bool:
         """May replica h commit an iteration ending at e?"""
-        if h.pool != DECODE and e >= self.T:
+        if e >= self.T:
             return False
         if self.pd and self.heap and (e, h.index) > self.heap[0]:
             return False

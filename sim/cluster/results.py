@@ -80,6 +80,13 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         summ["handoff_wait_s_mean"] = float(done["handoff_wait_s"].mean()) if len(done) else NAN
         summ["kv_transfer_share"] = (float(done["kv_transfer_s"].sum() / done["e2e_s"].sum())
                                      if len(done) and done["e2e_s"].sum() > 0 else NAN)
+    caches = [h.sim.memory for h in replicas if hasattr(h.sim.memory, "stats")]
+    if caches:                                     # prefix caching, over the whole cluster
+        q = sum(m.query_blocks for m in caches)
+        hits = sum(m.hit_blocks + m.cpu_hit_blocks for m in caches)
+        summ["prefix_hit_rate"] = hits / q if q else NAN
+        for k in ("prefix_gpu_hit_tokens", "prefix_cpu_hit_tokens", "prefix_evicted_blocks"):
+            summ[k] = int(sum(m.stats()[k] for m in caches))
     summ["wall_s"] = wall_s
     infeasible = [r for h in replicas for r in h.sim.infeasible]
     meta = {"scenario": scn.name, "policy": scn.policy.get("name"), "M": capacity, "wall_s": wall_s,
@@ -111,16 +118,18 @@ def replica_table(replicas, results, makespan: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def per_replica_load(iterations: pd.DataFrame, bin_s: float | None = None) -> pd.DataFrame:
-    """Running requests per replica over time (iteration-weighted mean in time bins): the load-over-time plot."""
+def per_replica_load(iterations: pd.DataFrame, bins: int = 200) -> pd.DataFrame:
+    """Running requests and KV tokens in use per replica over time: duration-weighted means in `bins` time bins
+    (the per-replica load plot)."""
+    cols = ["t_s", "replica", "running", "kv_alloc_tokens"]
     if not len(iterations):
-        return pd.DataFrame(columns=["t_s", "replica", "running"])
+        return pd.DataFrame(columns=cols)
     end = float((iterations["start_s"] + iterations["duration_s"]).max())
-    bin_s = bin_s or max(end / 200, 1e-3)
-    t = (iterations["start_s"] // bin_s) * bin_s
-    df = iterations.assign(t_s=t, w=iterations["duration_s"])
-    g = df.groupby(["t_s", "replica"])
-    out = (g.apply(lambda x: float((x["running"] * x["w"]).sum() / x["w"].sum()) if x["w"].sum() > 0
-                   else float(x["running"].mean()), include_groups=False)
-           .rename("running").reset_index())
-    return out
+    width = max(end / bins, 1e-6)
+    w = iterations["duration_s"].to_numpy(float)
+    df = pd.DataFrame({"t_s": (iterations["start_s"] // width) * width, "replica": iterations["replica"], "w": w,
+                       "running": iterations["running"] * w, "kv_alloc_tokens": iterations["kv_alloc_tokens"] * w})
+    g = df.groupby(["t_s", "replica"], as_index=False)[["w", "running", "kv_alloc_tokens"]].sum()
+    for c in ("running", "kv_alloc_tokens"):
+        g[c] = g[c] / g["w"].where(g["w"] > 0, 1.0)
+    return g[cols]

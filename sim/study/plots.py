@@ -196,6 +196,28 @@ def plot_timeline(iters: pd.DataFrame, capacity_tokens: int | None = None, title
     return fig
 
 
+def plot_replica_load(iters: pd.DataFrame, title: str = ""):
+    """A cluster run: running requests and KV use per replica over time (sim/cluster/results.per_replica_load)."""
+    from sim.cluster.results import per_replica_load
+    plt = pyplot()
+    _need_columns(iters, ["start_s", "duration_s", "running", "kv_alloc_tokens", "replica"], "replicas")
+    load = per_replica_load(iters)
+    fig, axes = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    for rep, g in load.groupby("replica"):
+        axes[0].plot(g["t_s"], g["running"], lw=0.8, label=f"replica {rep}")
+        axes[1].plot(g["t_s"], g["kv_alloc_tokens"], lw=0.8)
+    axes[0].set_ylabel("running requests")
+    axes[1].set_ylabel("KV tokens in use")
+    axes[1].set_xlabel("time (s)")
+    if load["replica"].nunique() <= 12:
+        axes[0].legend(fontsize=7, ncol=2)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if title:
+        axes[0].set_title(title)
+    return fig
+
+
 def capacity_from_summary(run_dir: Path, iters: pd.DataFrame) -> int | None:
     """M recovered from a run's summary.csv (kv_util_max = max KV allocated / M), when the run dir has one."""
     p = run_dir / "summary.csv" if run_dir.is_dir() else None
@@ -251,6 +273,15 @@ def cmd_plot(args) -> int:
         iters = read_table(p / "iterations.csv" if p.is_dir() else p)
         fig = plot_timeline(iters, args.capacity_tokens or capacity_from_summary(p, iters), title=p.name)
         stem = args.out or (p if p.is_dir() else p.parent) / "timeline"
+    elif kind == "replicas":
+        if len(args.inputs) != 1:
+            raise UserError("plot replicas: give one cluster run directory (written by `servesim run --out DIR`)")
+        p = Path(args.inputs[0])
+        iters = read_table(p / "iterations.csv" if p.is_dir() else p)
+        if "replica" not in iters.columns:
+            raise UserError(f"plot replicas: {p} is not a cluster run (its iterations have no replica column)")
+        fig = plot_replica_load(iters, title=p.name)
+        stem = args.out or (p if p.is_dir() else p.parent) / "replicas"
     else:  # pragma: no cover - argparse restricts kind
         raise UserError(f"plot: unknown kind {kind!r}")
     paths = save_figure(fig, stem, _csv_list(args.formats))
@@ -262,8 +293,9 @@ def register(sub) -> None:
     p = sub.add_parser("plot", help="plots (PNG + SVG) of sweep, capacity and run tables",
                        description="metric: a metric vs any axis, one line per policy, seed bands. attainment: SLO "
                                    "attainment vs rate with the capacity point. cdf: TTFT/TBT/e2e CDFs of runs. "
-                                   "timeline: one run's batch size, running size, KV use and evictions over time.")
-    p.add_argument("kind", choices=("metric", "attainment", "cdf", "timeline"))
+                                   "timeline: one run's batch size, running size, KV use and evictions over time. "
+                                   "replicas: a cluster run's load and KV use per replica over time.")
+    p.add_argument("kind", choices=("metric", "attainment", "cdf", "timeline", "replicas"))
     p.add_argument("inputs", nargs="+", help="results.csv / sweep or capacity dir (metric, attainment); run dirs "
                                              "with requests.csv (cdf) or iterations.csv (timeline)")
     p.add_argument("--x", default="workload.rate", help="x axis column (default workload.rate)")

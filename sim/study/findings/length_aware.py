@@ -48,6 +48,10 @@ def run(raw: dict) -> dict:
         "kv_allocated_util": float(np.mean(allocated) / res.capacity_tokens) if allocated else float("nan"),
         "kv_written_util": float(np.mean(written) / res.capacity_tokens) if written else float("nan"),
         "forward_size_mean": float((it.prefill_tokens + it.decode_tokens).mean()),
+        "prefill_forward_mean": float(it.prefill_tokens[it.prefill_tokens > 0].mean()) if len(it) else 0.0,
+        "decode_forward_mean": float(it.decode_tokens[it.decode_tokens > 0].mean()) if len(it) else 0.0,
+        "busy": float(it.duration_s.sum() / s["makespan_s"]) if len(it) and s["makespan_s"] > 0 else float("nan"),
+        "goodput_rps": float(np.sum(done.e2e_s.to_numpy() <= slo) / s["makespan_s"]) if len(done) else 0.0,
         "kv_samples": len(written), "iterations": int(s["iterations"]),
         "evictions": int(s["evictions"]), "swaps": int(s["swaps"]), "wall_s": time.perf_counter() - t0,
     }
@@ -64,6 +68,37 @@ def run(raw: dict) -> dict:
             out["policy_stats"]["group_size_mean"] = float(np.mean(sizes))
             out["policy_stats"]["group_size_ge4"] = float(np.mean(np.asarray(sizes) >= 4))
             out["policy_stats"]["group_size_ge12"] = float(np.mean(np.asarray(sizes) >= 12))
+    return out
+
+
+def run_cluster(raw: dict) -> dict:
+    """One cluster run (sim/cluster): the metrics above that a cluster has, per pool (DistServe's prefill and decode
+    GPUs), goodput against EconoServe's JCT SLO, and the KV transfer's share of JCT."""
+    from sim.cluster.cluster import Cluster
+    from sim.cluster.results import cluster_result
+    t0 = time.perf_counter()
+    raw = copy.deepcopy(raw)
+    scn = scenario_from_dict(raw)
+    run_ = Cluster(scn).run()
+    res = cluster_result(scn, run_, time.perf_counter() - t0)
+    req, s, it = res.requests, res.summary, res.iterations
+    done = req[req.status == "done"]
+    cm = run_.replicas[0].sim.costmodel
+    slo = np.array([jct_slo_s(cm, p, o) for p, o in zip(done.prompt_tokens, done.output_tokens)])
+    met = done.e2e_s.to_numpy() <= slo
+    out = {"completed": int(s["completed"]), "requests": int(s["requests"]), "gpus": int(s["gpus"]),
+           "jct_mean_s": s["e2e_mean"], "throughput_rps": s["request_throughput"], "ssr": float(np.mean(met)),
+           "goodput_rps": float(met.sum() / s["makespan_s"]) if len(done) else 0.0,
+           "kv_transfer_share": s.get("kv_transfer_share", float("nan")), "wall_s": time.perf_counter() - t0}
+    per = res.tables["replicas"]
+    for pool, g in per.groupby("pool"):
+        sub = it[it.pool == pool]
+        m = float(per.loc[per.pool == pool, "M"].mean())
+        out[f"{pool}_kv_allocated_util"] = float(sub.kv_alloc_tokens.mean() / m) if len(sub) else float("nan")
+        out[f"{pool}_busy"] = float(g.utilization.mean())
+        pre, dec = sub.prefill_tokens[sub.prefill_tokens > 0], sub.decode_tokens[sub.decode_tokens > 0]
+        out[f"{pool}_prefill_forward_mean"] = float(pre.mean()) if len(pre) else 0.0
+        out[f"{pool}_decode_forward_mean"] = float(dec.mean()) if len(dec) else 0.0
     return out
 
 

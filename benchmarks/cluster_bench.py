@@ -1,0 +1,107 @@
+"""Cluster benchmark: what the cluster layer costs at N = 1, and a 100-replica fleet replaying 1M requests.
+
+Cases (each in its own process, so peak RSS and wall time are clean):
+  n1       the Azure 2023 conv trace (or, without the shared data, 10,000 Poisson requests) on one A100 under
+           Sarathi and vLLM v1: a plain scenario vs the same scenario as a one-replica cluster (best of 3)
+  fleet    1,000,000 Poisson requests with conv-like log-normal lengths at 3 req/s per replica over 100 A100
+           replicas behind least-outstanding-tokens (the path every load-aware router takes), no iteration tables
+
+  PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,fleet] [--requests 1000000] [--replicas 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONV_CSV = "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+
+
+def n1_case(repeats: int = 3) -> dict:
+    from sim.cluster.runner import run_scenario
+    from sim.paths import shared_data_dir
+    from sim.scenario.config import load_scenario
+    root = shared_data_dir()
+    azure = root is not None and (root / CONV_CSV).exists()
+    path = "examples/azure-conv.yaml" if azure else "examples/poisson-10k.yaml"
+    out = {"workload": "azure conv trace" if azure else "poisson 10k"}
+    for pol in ("sarathi", "vllm-v1"):
+        best = {}
+        for _ in range(repeats):
+            for mode in ("single", "cluster"):
+                sets = [f"policy.name={pol}", "sim.record_iterations=false"]
+                if pol == "sarathi":
+                    sets.append("policy.R_max=128")
+                if mode == "cluster":
+                    sets.append("cluster.replicas=1")
+                scn = load_scenario(REPO / path, sets)
+                t0 = time.perf_counter()
+                run_scenario(scn)
+                best[mode] = min(best.get(mode, float("inf")), time.perf_counter() - t0)
+        out[pol] = {"single_s": round(best["single"], 3), "cluster_n1_s": round(best["cluster"], 3),
+                    "overhead_pct": round(100 * (best["cluster"] / best["single"] - 1), 1)}
+    return out
+
+
+def fleet_case(n_requests: int, replicas: int, router: str) -> dict:
+    from sim.cluster.runner import run_scenario
+    from sim.scenario.config import scenario_from_dict
+    raw = {"name": "fleet", "seed": 0, "policy": {"name": "sarathi"}, "hardware": {"gpu": "a100-80gb"},
+           "costmodel": {"kind": "linear"}, "sim": {"record_iterations": False},
+           "workload": {"kind": "poisson", "num_requests": n_requests, "rate": 3.0 * replicas,
+                        "prompt": {"dist": "lognormal", "mu": 6.633, "sigma": 0.985, "min": 2, "max": 4000},
+                        "output": {"dist": "lognormal", "mu": 5.019, "sigma": 0.859, "min": 7, "max": 1000}},
+           "cluster": {"replicas": replicas, "router": router}}
+    t0 = time.perf_counter()
+    res = run_scenario(scenario_from_dict(raw))
+    wall = time.perf_counter() - t0
+    s = res.summary
+    return {"requests": n_requests, "replicas": replicas, "router": router, "wall_s": round(wall, 1),
+            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, 2),
+            "completed": int(s["completed"]), "infeasible": int(s["infeasible"]),
+            "ttft_p99_s": round(float(s["ttft_p99"]), 4), "load_imbalance": round(float(s["load_imbalance"]), 4)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="n1,fleet")
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--replicas", type=int, default=100)
+    ap.add_argument("--router", default="least_tokens")
+    ap.add_argument("--one", help=argparse.SUPPRESS)        # run one case in this process, print JSON
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cluster.json"))
+    args = ap.parse_args(argv)
+    if args.one:
+        rec = n1_case() if args.one == "n1" else fleet_case(args.requests, args.replicas, args.router)
+        print(json.dumps(rec))
+        return 0
+    results = {}
+    for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
+        cmd = [sys.executable, __file__, "--one", case, "--requests", str(args.requests), "--replicas",
+               str(args.replicas), "--router", args.router]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
+                                                                                 **__import__("os").environ})
+        if proc.returncode:
+            print(proc.stderr[-2000:], file=sys.stderr)
+            return proc.returncode
+        rec = json.loads(proc.stdout.strip().splitlines()[-1])
+        rec["process_s"] = round(time.perf_counter() - t0, 1)
+        results[case] = rec
+        print(case, json.dumps(rec))
+    results["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                          "processor": platform.processor() or platform.machine()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
