@@ -23,7 +23,8 @@ def main():
     res = {"scenario": EX, "rt_requests": args.rt_requests, "main": {}, "ablation": {}}
     for rate in args.rates:
         ov = [f"workload.rt_requests={args.rt_requests}", f"workload.rt_rate={rate}"]
-        rows = {p: run(p, ov) for p in ("vllm", "bros-rr", "bros")}
+        rows = {p: run(p, ov) for p in ("vllm-v0", "bros-rr", "bros")}
+        rows["vllm"] = rows.pop("vllm-v0")
         for p, d in rows.items():
             show(f"rate {rate} {p}", d)
         rows["bros_vs_vllm"] = bros_vs(rows["bros"], rows["vllm"], rows["bros-rr"])

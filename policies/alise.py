@@ -17,7 +17,7 @@ MEMORY_POLICIES = ("swap", "defer", "recompute")
 
 class Job:
     """ALISE's job profile for one request (kept in req.meta)."""
-    __slots__ = ("n_hat", "min_level", "boosted", "last_run_s", "ready_iter", "overruns", "prio")
+    __slots__ = ("n_hat", "min_level", "boosted", "last_run_s", "ready_iter", "overruns", "prio", "moved_iter")
 
     def __init__(self, n_hat, now):
         self.n_hat = max(1, int(n_hat))   # predicted output length; doubled on every overrun
@@ -27,6 +27,7 @@ class Job:
         self.ready_iter = 0               # iteration from which an uploaded KV may be used
         self.overruns = 0
         self.prio = None
+        self.moved_iter = -(1 << 30)      # iteration it was last offloaded or uploaded (swap hysteresis)
 
 
 def fit_estimator(costmodel, max_prompt: int = 2048):
@@ -58,6 +59,7 @@ class Alise(Policy):
         max_batch_tokens: int = 4096        # tokens per iteration (prefills chunked to fit)
         swap_overlap: bool = True           # swaps run on PCIe concurrently with compute (paper); charge the excess
         gpu_set_frac: float = 0.95          # share of M the EWT walk may plan to keep resident
+        swap_cooldown_iters: int = 8        # iterations before a job offloaded (or uploaded) may move back
         context_aware: bool = False         # estimator uses α·(s+g)+β per step instead of the paper's α·s+β
 
         def validate(self, where="policy"):
@@ -119,6 +121,10 @@ class Alise(Policy):
         jobs = list(view.running) + list(view.swapped) + list(view.waiting)
         self._refresh(view, jobs)
         jobs.sort(key=lambda r: r.meta.prio)
+        # Algorithm 2 runs in the background between iterations: before this batch is formed, resident jobs far
+        # down the EWT order are offloaded to make room for the queued higher-priority ones (the copies overlap
+        # this iteration), and swapped jobs back within the budget are uploaded for the next.
+        uploaded = self._dynamic_swapping(view, jobs, stamp) if c.memory_policy == "swap" else []
         batch = Batch()
         deferring = False
         for r in jobs:
@@ -138,9 +144,8 @@ class Alise(Policy):
             elif r.state == WAITING and c.memory_policy == "defer":
                 deferring = True                           # Defer: no new job enters while memory is full
                 self.stats["deferred_steps"] += 1
-        if c.memory_policy == "swap":
-            uploaded = self._dynamic_swapping(view, jobs, stamp)
-            if not batch.reqs and uploaded:            # nothing to hide the copies behind: wait for them, then run
+        if uploaded:
+            if not batch.reqs:                         # nothing to hide the copies behind: wait for them, then run
                 view.step_swap_in += view.step_swap_hidden
                 view.step_swap_hidden = 0
                 for r in uploaded:
@@ -198,9 +203,14 @@ class Alise(Policy):
             self.stats["recomputes"] += 1
 
     def _dynamic_swapping(self, view, jobs, stamp):
-        """Algorithm 2, corrected (spec §2.6): walk jobs by ascending EWT, keep those whose KV fits in the GPU
-        budget resident, upload swapped ones among them, offload resident ones beyond it."""
-        K = self.config.aging_s
+        """Algorithm 2, corrected (spec §2.6), run between iterations: order every live job by EWT; the queued jobs
+        the next batch could take (within its token budget) need their prompts' KV, and when free memory falls
+        short, resident jobs later in the EWT order than all of them are offloaded (latest first) in the
+        background; swapped jobs are uploaded, in EWT order, into what free memory is left. A job moved one way
+        is not moved back for `swap_cooldown_iters` iterations (hysteresis: without it a stream of short arrivals
+        shuttles the same long jobs across PCIe every step)."""
+        c = self.config
+        K = c.aging_s
         ahead, ewt = 0.0, []
         for r in jobs:                                     # jobs are in priority order
             rem = r.meta.prio[2]
@@ -208,26 +218,42 @@ class Alise(Policy):
             ewt.append((min(ahead, promote), r.meta.prio, r))
             ahead += rem
         ewt.sort(key=lambda x: (x[0], x[1]))
-        budget = self.config.gpu_set_frac * self.mem.total_blocks
-        used, uploaded = 0, []
+        mem = self.mem
+        need, tokens, last_waiting = 0, c.max_batch_tokens, -1
+        for i, (_, _, r) in enumerate(ewt):
+            if r.state == WAITING and r.input_tokens <= tokens:
+                tokens -= r.input_tokens
+                need += mem.blocks_for(r.input_tokens + 1)
+                last_waiting = i
+        deficit = need - (mem.free_blocks - int((1 - c.gpu_set_frac) * mem.total_blocks))
+        if deficit > 0:
+            for _, _, r in reversed(ewt[last_waiting + 1:]):
+                if deficit <= 0:
+                    break
+                if (r.state == RUNNING and r.sched_stamp != stamp
+                        and stamp - r.meta.moved_iter >= c.swap_cooldown_iters):
+                    deficit -= r.blocks
+                    r.meta.moved_iter = stamp
+                    self._evict(view, r, stamp, urgent=False)
+        avail = mem.free_blocks - need - int((1 - c.gpu_set_frac) * mem.total_blocks)
+        uploaded = []
         for _, _, r in ewt:
-            if r.state == WAITING:
+            if r.state != SWAPPED or stamp - r.meta.moved_iter < c.swap_cooldown_iters:
                 continue
-            need = self.mem.blocks_for(r.cached + 1)
-            if used + need <= budget:
-                used += need
-                if r.state == SWAPPED and self.mem.can_reserve(r, r.cached + 1, admission=True):
-                    before = view.step_swap_in
-                    if view.swap_in(r, r.cached + 1):
-                        r.meta.ready_iter = stamp + 1     # usable once the upload has finished
-                        self.stats["uploads"] += 1
-                        uploaded.append(r)
-                        if self.config.swap_overlap:
-                            moved = view.step_swap_in - before
-                            view.step_swap_in -= moved
-                            view.step_swap_hidden += moved
-            elif r.state == RUNNING and r.sched_stamp != stamp:
-                self._evict(view, r, stamp, urgent=False)
+            blocks = mem.blocks_for(r.cached + 1)
+            if blocks > avail or not mem.can_reserve(r, r.cached + 1, admission=True):
+                continue
+            before = view.step_swap_in
+            if view.swap_in(r, r.cached + 1):
+                avail -= blocks
+                r.meta.ready_iter = stamp + 1              # usable once the upload has finished
+                r.meta.moved_iter = stamp
+                self.stats["uploads"] += 1
+                uploaded.append(r)
+                if c.swap_overlap:
+                    moved = view.step_swap_in - before
+                    view.step_swap_in -= moved
+                    view.step_swap_hidden += moved
         return uploaded
 
 

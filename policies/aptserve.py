@@ -27,6 +27,7 @@ class Candidate:
     h: int
     violated: bool
     running: bool
+    hidden: bool = False      # its cache is hidden now (a running request)
 
 
 @dataclass
@@ -58,6 +59,9 @@ class AptServe(Policy):
         max_num_seqs: int = 256          # vLLM 0.5 defaults the reference code inherits
         max_batched_tokens: int = 2048
         chunk_tokens: int = 512          # Sarathi base: token budget per mixed iteration
+        keep_running_type: bool = True   # a running request keeps its cache type unless violated (switching costs a
+                                         # full recompute; spec §8.9). False: re-decide every decode iteration as the
+                                         # reference code does, which drops every hidden request at its first decode
 
         def validate(self, where="policy"):
             for key, allowed in (("scheduling", ("adaptive", "fcfs")), ("cache", ("hybrid", "kv_only")),
@@ -77,7 +81,7 @@ class AptServe(Policy):
         super().__init__(config, **knobs)
         self.rho = 0.0
         self.stats = {"prefill_iters": 0, "decode_iters": 0, "mixed_iters": 0, "type_switches": 0,
-                      "hidden_admissions": 0, "kv_admissions": 0, "knapsack_calls": 0}
+                      "hidden_admissions": 0, "kv_admissions": 0, "knapsack_calls": 0, "hidden_decode_steps": 0}
         self.record_knapsacks = False     # tests set it to keep (candidates, budget, N, ρ, chosen, budgets, tokens)
         self.knapsacks: list = []
 
@@ -109,7 +113,8 @@ class AptServe(Policy):
         m = mem.blocks_for(tokens)
         h = mem.hidden_blocks(m) if (cfg.cache == "hybrid" and mem.hidden_allowed and m > 1) else m
         violated = p > (cfg.tbt_slo_s if started else cfg.ttft_slo_s)
-        return Candidate(r, p, m, h, violated and cfg.fallback != "off", running)
+        hidden = running and r.blocks > 0 and mem.is_hidden(r)
+        return Candidate(r, p, m, h, violated and cfg.fallback != "off", running, hidden)
 
     def _items(self, cands, N, budget: int) -> list:
         """Options per request (§2.9): KV alone, or a hidden item plus a hidden→KV upgrade item. An option heavier
@@ -120,6 +125,15 @@ class AptServe(Policy):
         for c in cands:
             tok = self._tokens(c)
             kv_fits = c.m <= budget
+            if cfg.keep_running_type and c.running and not c.violated:
+                # switch-cost aware: a running request is offered in the cache type it has. Eq. 5's value stands;
+                # a hidden request whose penalty exceeds its pending time keeps a tiny positive value, since the
+                # alternative, dropping it, costs a full recompute. Never heavier than its current cache.
+                if c.hidden and c.h <= budget:
+                    items.append(Item(max(c.p - N * rho * c.m, 1e-9 * c.p + 1e-12) / c.h, c, c.h, HIDDEN, tok))
+                elif not c.hidden and kv_fits:
+                    items.append(Item(c.p / c.m, c, c.m, KV, tok))
+                continue
             if c.violated:
                 if kv_fits:
                     value = cfg.decay * c.p if cfg.fallback == "decay" else 1e-9 * c.p
@@ -180,6 +194,10 @@ class AptServe(Policy):
     def _best_alone(self, c: Candidate, budget: int, N: int):
         if c.violated:
             return (KV, 0.0) if c.m <= budget else None
+        if self.config.keep_running_type and c.running:          # only its current type (see _items)
+            if c.hidden:
+                return (HIDDEN, c.p - N * self.rho * c.m) if c.h <= budget else None
+            return (KV, c.p) if c.m <= budget else None
         options = []
         if c.m <= budget:
             options.append((KV, c.p))
@@ -249,6 +267,7 @@ class AptServe(Policy):
                 continue
             if mem.is_hidden(r):
                 view.step_hidden_recompute += r.cached
+                self.stats["hidden_decode_steps"] += 1
             batch.add(r, 1, False)
         return batch
 
@@ -367,3 +386,6 @@ register_policy("aptserve-decay", AptServe, "Apt-Serve* : violated requests keep
                 fallback="decay")
 register_policy("aptserve-s", AptServe, "Apt-Serve-S: the hybrid-cache knapsack on a Sarathi base (mixed batches, "
                 "chunked prefill 512)", base="sarathi")
+register_policy("aptserve-code", AptServe, "Apt-Serve as its reference code: every decode iteration re-decides each "
+                "running request's cache type (hidden requests are dropped and recomputed at their first decode)",
+                keep_running_type=False)

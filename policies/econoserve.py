@@ -20,7 +20,7 @@ PT, GT = "pt", "gt"
 class Task:
     """EconoServe's bookkeeping for one request (kept in req.meta)."""
     __slots__ = ("role", "pred", "alloc", "deadline", "slo_s", "group", "lender_slot", "region_blocks",
-                 "failed", "stops", "first_alloc", "pt_key")
+                 "failed", "stops", "first_alloc", "pt_key", "from_reserve")
 
     def __init__(self, pred, slo_s, deadline):
         self.role = PT
@@ -35,6 +35,7 @@ class Task:
         self.stops = 0                # offload-free preemptions (under-provisioned, reserve exhausted)
         self.first_alloc = None       # padded predicted output length at the first GT allocation
         self.pt_key = None
+        self.from_reserve = 0         # blocks it extended into from the reserved pool (returned when its KV goes)
 
 
 class Group:
@@ -67,7 +68,8 @@ class EconoServe(Policy):
         gt_queue_cap_frac: float = 0.25     # new PTs wait while queued GTs + partial PTs hold this share of M
         rl_group_granularity: int = 32      # GTs whose padded predicted RL round to the same multiple form a group
         slo_scale: float = 2.0              # JCT SLO = slo_scale · (t_p + t_g · predicted RL) for ordering
-        deadline_edges_s: tuple = (0.2, 0.5, 2.0, 8.0, 32.0, 128.0)
+        deadline_edges_s: tuple = (0.2, 0.5, 2.0)   # the paper's deadline ranges (variant econoserve-wide-deadlines:
+                                                    # three more edges, for SLOs of many seconds)
         len_bucket: int = 128
         occ_bucket: int = 128
         repredict: str = "noisy_remaining"  # L_new after a stop: predictor noise on the true remaining length | padding
@@ -97,6 +99,7 @@ class EconoServe(Policy):
         self.t_g = decode_step_time_s(view.costmodel)
         self.cm = view.costmodel
         self.reserve_blocks = int(c.reserved_frac * self.mem.total_blocks)
+        self.reserve_used = 0             # reserve blocks under-provisioned GTs extended into
         self.rng = np.random.default_rng(c.seed)
         self.pt_heap: list = []
         self.partial: list = []           # PTs with part of the prompt prefilled (hold KV, served first)
@@ -106,7 +109,7 @@ class EconoServe(Policy):
         self.trigger = True
         self.stats = dict(gt_admissions=0, groups=0, group_sizes=[], hosted=0, hosted_done=0, hosted_preempted=0,
                           reserve_extensions=0, offload_free_stops=0, safety_evictions=0, lent_blocks=0,
-                          host_reclaims=0)
+                          host_reclaims=0, reserve_blocks_used_max=0)
 
     # -- ordering ---------------------------------------------------------------------------------------------
     def _bucket(self, x, edges):
@@ -181,6 +184,7 @@ class EconoServe(Policy):
         t.failed = True
         self.active.remove(r)
         self.ledger.settle(r, self._alive)
+        self._return_reserve(r)
         view.preempt(r, mode="swap", front=False)
         r.sched_stamp = view.iteration
         self.stats["hosted_preempted"] += 1
@@ -208,11 +212,21 @@ class EconoServe(Policy):
             loans = self.ledger.outstanding(r)
         if self.mem.blocks_for(need) <= r.blocks:
             return True
-        if view.reserve(r, need):                  # under-provisioned: extend from the reserved pool
+        extra = self.mem.blocks_for(need) - r.blocks
+        if extra <= self.reserve_blocks - self.reserve_used and view.reserve(r, need):
+            # under-provisioned: extend from the reserved pool only (the paper's reserve), never other free KV
+            self.reserve_used += extra
+            t.from_reserve += extra
             self.stats["reserve_extensions"] += 1     # absorbed by the reserve: not an allocation failure
+            self.stats["reserve_blocks_used_max"] = max(self.stats["reserve_blocks_used_max"], self.reserve_used)
             return True
         self._stop(view, r, "offload_free_stops")
         return False
+
+    def _return_reserve(self, r):
+        """`r`'s KV is leaving the GPU: the reserve blocks it extended into are the reserve's again."""
+        self.reserve_used -= r.meta.from_reserve
+        r.meta.from_reserve = 0
 
     def _demand_blocks(self, r):
         return max(0, self.mem.blocks_for(r.cached + r.meta.alloc) - r.blocks)
@@ -245,7 +259,7 @@ class EconoServe(Policy):
             members.sort(key=lambda r: self._key(r, r.meta.alloc))
             ordered.append((self._key(members[0], members[0].meta.alloc), members))
         ordered.sort(key=lambda x: x[0])
-        free_for_gt = self.mem.free_blocks - self.reserve_blocks
+        free_for_gt = self.mem.free_blocks - (self.reserve_blocks - self.reserve_used)
         if not self.active and not any(r.on_gpu and r.cached < r.input_tokens for r in view.running):
             free_for_gt = self.mem.free_blocks     # nothing else can release KV: the reserve may be used
         admitted = []
@@ -273,7 +287,7 @@ class EconoServe(Policy):
             got = [r for r in pick if self._admit_gt(view, r)]
             if not got:
                 break
-            free_for_gt = self.mem.free_blocks - self.reserve_blocks
+            free_for_gt = self.mem.free_blocks - (self.reserve_blocks - self.reserve_used)
             grp = Group(got)
             for r in got:
                 r.meta.group = grp
@@ -396,6 +410,7 @@ class EconoServe(Policy):
         if victim in self.partial:
             self.partial.remove(victim)
         victim.meta.failed = True
+        self._return_reserve(victim)
         view.preempt(victim, mode="recompute", front=False)
         victim.sched_stamp = stamp
         self.stats["safety_evictions"] += 1
@@ -410,6 +425,7 @@ class EconoServe(Policy):
                 if t.lender_slot is not None:
                     self.stats["hosted_done"] += 1
                 self.ledger.settle(r, self._alive)
+                self._return_reserve(r)
                 self._leave_group(r)
                 if self.config.admit_on_any_release:
                     self.trigger = True
@@ -425,3 +441,8 @@ register_policy("econoserve-sd", EconoServe, f"{_V}-SD (SyncDecoupled): no order
                 kvcpipe=False, ordering=False)
 register_policy("econoserve-d", EconoServe, f"{_V}-D (UnsyncDecoupled): GTs admitted every iteration, FCFS, "
                 "no pipelining", kvcpipe=False, ordering=False, synced=False)
+register_policy("econoserve-unsynced", EconoServe, f"{_V} with GT groups admitted every iteration (synced admission "
+                "ablated alone; ordering and pipelining kept)", synced=False)
+register_policy("econoserve-wide-deadlines", EconoServe, f"{_V} with deadline ranges extended past the paper's 2 s "
+                "(0.2/0.5/2/8/32/128 s): a variant, not the paper's ordering",
+                deadline_edges_s=(0.2, 0.5, 2.0, 8.0, 32.0, 128.0))

@@ -36,17 +36,17 @@ _RUNNING, _SWAPPED, _WAITING = "running", "swapped", "waiting"
 class V0Config:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 0      # 0: v0's rule (max(max_model_len, 2048); 512 with chunked prefill)
-    max_model_len: int = 4096
+    max_model_len: int = 0               # 0: the served model's context length (vLLM derives it from the model)
     enable_chunked_prefill: bool = False
     preemption_mode: str = "recompute"   # v0 recomputes single-sequence requests; "swap" forces swapping out
     watermark: float = 0.01              # the block manager's admission watermark (memory.watermark: null uses it)
     prefix_caching: bool = False         # enable_prefix_caching (off by default in v0)
 
     def validate(self, where="policy"):
-        for k in ("max_num_seqs", "max_model_len"):
+        for k, low in (("max_num_seqs", 1), ("max_model_len", 0)):
             v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserError(f"{where}.{k}: must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise UserError(f"{where}.{k}: must be an integer >= {low}, got {v!r}")
         v = self.max_num_batched_tokens
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise UserError(f"{where}.max_num_batched_tokens: must be an integer >= 0 (0: v0's default), got {v!r}")
@@ -64,10 +64,19 @@ class VLLMv0Scheduler(Policy):
 
     def __init__(self, config=None, **knobs):
         super().__init__(config, **knobs)
+        self._limits(self.config.max_model_len or 4096)
+
+    def _limits(self, max_model_len: int) -> None:
         c = self.config
-        chunk_default = 512 if c.enable_chunked_prefill else max(c.max_model_len, 2048)
+        chunk_default = 512 if c.enable_chunked_prefill else max(max_model_len, 2048)
         self.budget = c.max_num_batched_tokens or chunk_default
-        self.prompt_limit = c.max_model_len if c.enable_chunked_prefill else min(c.max_model_len, self.budget)
+        self.prompt_limit = max_model_len if c.enable_chunked_prefill else min(max_model_len, self.budget)
+
+    def prepare(self, costmodel) -> None:
+        """max_model_len 0 takes the served model's context, as vLLM does (and with it v0's token budget)."""
+        model = getattr(costmodel, "model", None)
+        if not self.config.max_model_len and model is not None:
+            self._limits(model.max_context)
 
     def watermark_default(self) -> float:
         return self.config.watermark

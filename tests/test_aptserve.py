@@ -136,16 +136,33 @@ def test_invariants_under_memory_pressure(policy):
 
 
 def test_adaptive_beats_fcfs_and_vllm_under_load():
-    att = {p: _run(p, 5.0).summary["slo_attainment"] for p in ("aptserve", "aptserve-fcfs", "vllm")}
-    assert att["aptserve"] >= 0.85
-    assert att["aptserve"] > att["vllm"] + 0.3
-    assert att["aptserve"] > att["aptserve-fcfs"] + 0.3
+    """Past vLLM's knee (about 1.6 req/s on this setup) the adaptive scheduler keeps most requests within SLO
+    while vLLM v0 and FCFS order lose a large share (paper: Table 5, Fig. 8)."""
+    att = {p: _run(p, 2.5).summary["slo_attainment"] for p in ("aptserve", "aptserve-fcfs", "vllm-v0")}
+    assert att["aptserve"] >= 0.75
+    assert att["aptserve"] > att["vllm-v0"] + 0.2
+    assert att["aptserve"] > att["aptserve-fcfs"] + 0.2
+
+
+def test_hidden_requests_decode_as_hidden_and_the_reference_code_drops_them():
+    """The mechanism fires: with switch-cost-aware retyping (the default) hidden-cache requests decode as hidden;
+    the reference code's rule re-decides each decode and drops every hidden request (spec §8.9)."""
+    from sim.scenario.build import build_simulation
+    stats = {}
+    for pol in ("aptserve", "aptserve-code"):
+        sim = build_simulation(load_scenario(EX, [f"policy.name={pol}", "workload.rate=3", "workload.num_requests=200"]))
+        res = sim.run()
+        stats[pol] = res.summary
+    assert stats["aptserve"]["policy_hidden_admissions"] > 0 and stats["aptserve"]["policy_hidden_decode_steps"] > 0
+    assert stats["aptserve"]["policy_type_switches"] == 0
+    assert stats["aptserve-code"]["policy_hidden_decode_steps"] == 0
+    assert stats["aptserve-code"]["policy_type_switches"] > 0
 
 
 def test_hidden_cache_is_not_used_for_gqa_models():
     scn = load_scenario(EX, ["model.name=llama-3-8b", "hardware.gpu=a100-80gb", "memory.M=4000",
                              "workload.num_requests=60", "workload.rate=6",
-                             "costmodel.path=profiles/a100-80gb/llama-2-7b-linear.yaml"])
+                             "costmodel.kind=linear", "costmodel.path=profiles/a100-80gb/llama-2-7b-linear.yaml"])
     from sim.scenario.build import build_simulation
     sim = build_simulation(scn)
     assert not sim.memory.hidden_allowed

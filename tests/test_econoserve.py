@@ -84,7 +84,7 @@ def test_synced_admits_gt_groups_only_on_group_completion():
 def test_prompts_fill_up_to_tfs_alongside_running_gts():
     # moderate load: KV is not saturated, so waiting prompts may enter every iteration
     sim = _sim({"name": "econoserve", "tfs_tokens": 256},
-               {"kind": "econoserve-sharegpt", "num_requests": 150, "rate": 4.0})
+               {"kind": "econoserve-sharegpt", "num_requests": 150, "rate": 3.0})
     batches = []
     sched = sim.policy.schedule
 

@@ -56,12 +56,15 @@ class LoanLedger:
             if not self.by_lender[parent.id]:
                 del self.by_lender[parent.id]
             if lender_alive(parent):
-                if req.blocks >= loan.blocks:              # still held by the borrower: move them back
-                    req.blocks -= loan.blocks
+                # What `req` lent on (it hosted shorter GTs in turn) goes back to the parent with those loans, below;
+                # the rest of the loan returns now.
+                give = loan.blocks - sum(sub.blocks for sub in self.by_lender.get(req.id, ()))
+                if req.blocks:                             # still held by the borrower: move them back
+                    req.blocks -= give
                 else:                                      # already freed into the pool: reclaim them
-                    self.memory.free_blocks -= loan.blocks
-                parent.blocks += loan.blocks
-                returned = loan.blocks
+                    self.memory.free_blocks -= give
+                parent.blocks += give
+                returned = give
         for sub in self.by_lender.pop(req.id, []):         # loans this request made outlive it
             if parent is not None and lender_alive(parent):
                 sub.lender = parent

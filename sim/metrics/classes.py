@@ -15,7 +15,8 @@ def token_attainment(req, ttft_s: float, tpot_s: float) -> float:
 
 
 def rt_be_summary(requests, ttft_s: float = 0.4, tpot_s: float = 0.2) -> dict:
-    """RT latency and SLO attainment (per-request and per-token) and BE throughput in requests/s."""
+    """RT latency and SLO attainment (per-request and per-token) and BE throughput in requests/s: over the whole run
+    (be_throughput_rps) and while the RT stream lasts (be_capacity_rps, the measure under a BE backlog)."""
     rt = [r for r in requests if r.cls == "rt" and r.completion_s is not None]
     be = [r for r in requests if r.cls != "rt"]
     out = {"rt_requests": len(rt), "be_requests": len(be)}
@@ -30,6 +31,11 @@ def rt_be_summary(requests, ttft_s: float = 0.4, tpot_s: float = 0.2) -> dict:
                    rt_tpot_attainment=float(np.mean(tpot <= tpot_s)) if len(tpot) else float("nan"),
                    rt_token_attainment=float(np.mean([token_attainment(r, ttft_s, tpot_s) for r in rt])))
     done = [r for r in be if r.completion_s is not None]
+    if rt and done:                    # BE capacity: BE completions while the RT stream lasts (a backlogged BE)
+        t0 = min(r.arrival_s for r in rt)
+        t1 = max(r.arrival_s for r in rt)
+        if t1 > t0:
+            out["be_capacity_rps"] = sum(t0 <= r.completion_s <= t1 for r in done) / (t1 - t0)
     if done:
         span = max(r.completion_s for r in done) - min(r.arrival_s for r in be)
         out["be_completed"] = len(done)

@@ -155,6 +155,7 @@ class SimResult:
         summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions
             summ.update(sim.memory.stats())
+        summ.update(mechanism_counters(sim))
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:
@@ -175,6 +176,19 @@ class SimResult:
                 df.to_csv(p, index=False)
             paths.append(p)
         return paths
+
+
+def mechanism_counters(sim) -> dict:
+    """How often a policy's own mechanisms fired (its `stats` counters: hidden-cache decodes, lent KV blocks,
+    proactive offloads, aging promotions, ...) and a KV layout's (BROS checkpoints), as `policy_<name>`."""
+    out = {}
+    for k, v in (getattr(sim.policy, "stats", None) or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"policy_{k}"] = v
+    for k in ("checkpointed_slots", "restored_slots"):
+        if hasattr(sim.memory, k):
+            out[f"kv_{k}"] = getattr(sim.memory, k)
+    return out
 
 
 def is_nan(x) -> bool:

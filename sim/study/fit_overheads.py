@@ -67,14 +67,16 @@ def main(argv=None) -> int:
     fitted = {k: float(v * PARAMS[k][0]) for k, v in zip(names, r.x)}
     resid = objective(r.x, rows, workloads, args.jobs, names)
     path = REPO_ROOT / "profiles" / "overheads.yaml"
-    doc = {"presets": {"vllm": {**{k: float(f"{v:.6g}") for k, v in fitted.items()}, "provenance": {
+    doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+    doc.setdefault("presets", {})       # other presets (e.g. vllm-0.5-eager) are kept
+    doc["presets"].update({"vllm": {**{k: float(f"{v:.6g}") for k, v in fitted.items()}, "provenance": {
         "engine": "vLLM v0.15.1 (OpenAI server, inference-perf client), H100 SXM",
         "data": "../shared/data/validation/vllm-0.15.1 (experiments.csv, workloads.yaml)",
         "fit_experiments": train,
         "fitted_parameters": names,
         "fitted_by": "python -m sim.study.fit_overheads (least squares on relative errors of mean e2e, TTFT, ITL)",
         "train_rms_rel_error": round(float(np.sqrt(np.mean(resid ** 2))), 4),
-        "date": _dt.date.today().isoformat()}}}}
+        "date": _dt.date.today().isoformat()}}})
     path.write_text("# CPU and front-end overheads of real engines (costmodels.base.Overheads), per preset.\n"
                     + yaml.safe_dump(doc, sort_keys=False))
     print(yaml.safe_dump(doc, sort_keys=False))

@@ -43,3 +43,37 @@ def test_report_counts_and_rows():
     assert "Direction reproduced in **2/3**" in md and "**1/2**" in md
     assert "down \\| pipe" in md and "our reason" in md
     assert md.count("\n| A-") == 3
+
+
+def test_ratio_magnitudes_compare_the_effect_at_every_ratio():
+    """One rule: the excess over 1x within ±50% of the paper's excess, for small and large ratios alike."""
+    from sim.study.findings.registry import within_ratio
+    assert not within_ratio(1.15, 2.3)          # 0.15 against 1.3: the raw ratio would have passed
+    assert within_ratio(1.5, 1.9)               # 0.5 against 0.9
+    assert not within_ratio(1.0, 1.73)          # no effect is not "1.73x better"
+    assert within_ratio(4.0, 4.9) and not within_ratio(2.0, 4.9)
+
+
+def test_ties_and_saturated_comparisons_are_untestable_not_reproduced():
+    from sim.study.findings.registry import UNTESTABLE, untestable_reason
+    tie = untestable_reason({"a": 1.000, "b": 1.015})
+    assert "tie" in tie
+    sat = untestable_reason({"vllm": 0.99, "bros": 1.0}, fraction=True)
+    assert "saturated" in sat
+    assert untestable_reason({"a": 1.0, "b": 1.2}) == ""
+    assert untestable_reason({"a": 0.9, "b": 1.0}, fraction=True) == ""
+    out = Outcome("p", "o", True, True, untestable=tie)
+    assert out.verdict == UNTESTABLE and "Untestable: " in out.note
+    assert Outcome("p", "o", False, untestable=sat).verdict == UNTESTABLE
+    results = [evaluate(Claim("U-1", "t", "1", "tie", lambda s: out), TINY)]
+    t = tally(results)
+    assert t["untestable"] == 1 and t["checked"] == 0 and t["not_run"] == 0
+
+
+def test_why_notes_carry_no_typed_in_numbers():
+    """A why-note explains; the numbers come from the run (the `ours` column and generated notes), so no
+    registered why may contain a digit that could go stale."""
+    import re
+    from sim.study.findings.registry import load_claims
+    stale = {cid: c.why for cid, c in load_claims().items() if re.search(r"\d", c.why or "")}
+    assert not stale, stale

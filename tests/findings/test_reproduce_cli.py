@@ -67,3 +67,19 @@ def test_unknown_claim_id_is_one_line_and_leaves_the_report_alone(tmp_path, caps
     assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--claims", "F4.2-5", "NOPE"]) == 2
     assert "unknown claim id(s) NOPE" in capsys.readouterr().err
     assert md.read_text() == "the existing report"
+
+
+def test_quick_report_never_touches_the_committed_one(tmp_path, monkeypatch, capsys):
+    """`reproduce --quick` writes to scratch (out/reproduce-quick/), and refuses docs/reproduction.md."""
+    import shutil
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / "docs", tmp_path / "docs")
+    monkeypatch.chdir(tmp_path)
+    before = (tmp_path / "docs" / "reproduction.md").read_bytes()
+    assert main(["reproduce", "--quick", "--silent", "--no-figures", "--claims", "FA1-1"]) == 0
+    assert (tmp_path / "out" / "reproduce-quick" / "reproduction.md").exists()
+    assert (tmp_path / "docs" / "reproduction.md").read_bytes() == before
+    assert main(["reproduce", "--quick", "--silent", "--claims", "FA1-1", "--out", "docs/reproduction.md"]) == 2
+    assert "full-scale report" in capsys.readouterr().err
+    assert (tmp_path / "docs" / "reproduction.md").read_bytes() == before

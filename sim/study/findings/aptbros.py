@@ -15,9 +15,10 @@ from sim.paths import REPO_ROOT
 _ROOT = REPO_ROOT
 APT_EX = str(_ROOT / "examples" / "aptserve-sharegpt.yaml")
 BROS_EX = str(_ROOT / "examples" / "bros-rt-be.yaml")
-APT_POLICIES = ("vllm", "sarathi", "deepspeed-fastgen", "aptserve", "aptserve-kv", "aptserve-fcfs", "aptserve-s")
+APT_POLICIES = ("vllm-v0", "sarathi", "deepspeed-fastgen", "aptserve", "aptserve-code", "aptserve-kv", "aptserve-fcfs",
+                "aptserve-s")
 BROS_KEYS = ("rt_ttft_mean", "rt_tpot_mean", "rt_normalized_latency_mean", "rt_ttft_attainment", "rt_tpot_attainment",
-             "rt_token_attainment", "be_throughput_rps")
+             "rt_token_attainment", "be_throughput_rps", "be_capacity_rps")
 
 
 # ---- Apt-Serve: per-iteration optimality of the greedy knapsack ------------------------------------------------
@@ -88,5 +89,5 @@ def bros_vs(b: dict, v: dict, rr: dict) -> dict:
     return {"normalized_latency_change": b["rt_normalized_latency_mean"] / v["rt_normalized_latency_mean"] - 1,
             "ttft_attainment_ratio": b["rt_ttft_attainment"] / max(v["rt_ttft_attainment"], 1e-9),
             "token_attainment_ratio": b["rt_token_attainment"] / max(v["rt_token_attainment"], 1e-9),
-            "be_throughput_change": b["be_throughput_rps"] / v["be_throughput_rps"] - 1,
-            "be_throughput_change_vs_rr": b["be_throughput_rps"] / rr["be_throughput_rps"] - 1}
+            "be_throughput_change": b["be_capacity_rps"] / v["be_capacity_rps"] - 1,
+            "be_throughput_change_vs_rr": b["be_capacity_rps"] / rr["be_capacity_rps"] - 1}

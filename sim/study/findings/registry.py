@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN = "reproduced", "direction only", "not reproduced", "not run"
-MAGNITUDE_TOLERANCE = 0.5   # spec §6 advice: magnitudes are soft targets, a ratio within ±50% of the paper's
+UNTESTABLE = "untestable here"
+MAGNITUDE_TOLERANCE = 0.5   # spec §6 advice: magnitudes are soft targets, within ±50% of the paper's effect
+TIE = 0.02                  # a relative difference below this is a tie: no direction can be read from it
+SATURATED = 0.98            # fractions (attainment, SSR) at or above this for every system cannot be ordered
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,21 @@ class Outcome:
     direction: bool | None
     magnitude: bool | None = None
     note: str = ""
+    untestable: str = ""      # why this setup cannot tell (a tie, every system saturated): verdict *untestable here*
 
     def __post_init__(self):
         # numpy comparisons give numpy.bool_, which `is False` would not recognise
         self.direction = None if self.direction is None else bool(self.direction)
         self.magnitude = None if self.magnitude is None else bool(self.magnitude)
+        if self.untestable:
+            self.note = f"{self.note} Untestable: {self.untestable}".strip()
 
     @property
     def verdict(self) -> str:
         if self.direction is None:
             return NOT_RUN
+        if self.untestable:
+            return UNTESTABLE
         if not self.direction:
             return NOT_REPRODUCED
         return DIRECTION_ONLY if self.magnitude is False else REPRODUCED
@@ -146,9 +154,10 @@ def not_modelled(paper: str, reason: str) -> Outcome:
 
 
 def within_ratio(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
-    """Magnitude agreement for an 'N x better' claim: for N ≤ 2 the excess over 1x is compared (a ±50% band around
-    the ratio itself would then accept 1x, i.e. no effect); above 2x the ratio itself."""
-    return within(ours - 1, paper - 1, tol) if paper <= 2 else within(ours, paper, tol)
+    """Magnitude agreement for an 'N x better' claim: the effect, the excess over 1x, within ±tol of the paper's
+    (1.5x vs 1.9x: 0.5 against 0.9, agrees; 1.15x vs 2.3x: 0.15 against 1.3, does not). One rule at every ratio:
+    comparing raw ratios would let 1x (no effect) pass a 1.5x claim."""
+    return within(ours - 1, paper - 1, tol)
 
 
 def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
@@ -156,3 +165,24 @@ def within(ours: float, paper: float, tol: float = MAGNITUDE_TOLERANCE) -> bool:
     if paper == 0:
         return bool(abs(ours) <= tol)
     return bool(abs(ours / paper - 1.0) <= tol)
+
+
+def tie(a: float, b: float, tol: float = TIE) -> bool:
+    """Are two values of one metric equal within `tol` relative (no direction can be read)?"""
+    scale = max(abs(a), abs(b))
+    return scale == 0 or abs(a - b) <= tol * scale
+
+
+def untestable_reason(values: dict, fraction: bool = False, tol: float = TIE) -> str:
+    """Why comparing these systems' values (name → value) cannot test a claim here, or "" if it can: every
+    fraction at or above the saturation level, or all values tied."""
+    vals = [v for v in values.values() if v == v]
+    if not vals:
+        return "no values"
+    if fraction and min(vals) >= SATURATED:
+        return ("every system is at " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in values.items()) +
+                f" (≥ {100 * SATURATED:.0f}%): saturated, no ordering can be read")
+    if all(tie(v, vals[0], tol) for v in vals):
+        return ("all within " + f"{100 * tol:.0f}%: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items()) +
+                " (a tie)")
+    return ""

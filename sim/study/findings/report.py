@@ -11,7 +11,7 @@ from pathlib import Path
 from costmodels.errors import UserError
 from sim.study.findings.figures import FIGURES, draw
 from sim.study.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
-                                   REPRODUCED, Outcome, Result, evaluate, load_claims)
+                                   REPRODUCED, UNTESTABLE, Outcome, Result, evaluate, load_claims)
 
 
 def run_claims(scale, ids=None, quick_only=False, progress=None):
@@ -31,14 +31,16 @@ def run_claims(scale, ids=None, quick_only=False, progress=None):
 
 
 def tally(results) -> dict:
-    checked = [r for r in results if r.outcome.direction is not None]
+    checked = [r for r in results if r.outcome.direction is not None and r.outcome.verdict != UNTESTABLE]
     with_mag = [r for r in checked if r.outcome.magnitude is not None]
-    return {"claims": len(results), "checked": len(checked), "not_run": len(results) - len(checked),
+    return {"claims": len(results), "checked": len(checked),
+            "not_run": sum(r.outcome.verdict == NOT_RUN for r in results),
             "direction_ok": sum(bool(r.outcome.direction) for r in checked),
             "magnitude_checked": len(with_mag), "magnitude_ok": sum(bool(r.outcome.magnitude) for r in with_mag),
             "reproduced": sum(r.outcome.verdict == REPRODUCED for r in results),
             "direction_only": sum(r.outcome.verdict == DIRECTION_ONLY for r in results),
-            "not_reproduced": sum(r.outcome.verdict == NOT_REPRODUCED for r in results)}
+            "not_reproduced": sum(r.outcome.verdict == NOT_REPRODUCED for r in results),
+            "untestable": sum(r.outcome.verdict == UNTESTABLE for r in results)}
 
 
 def _cell(text) -> str:
@@ -70,15 +72,19 @@ def render_markdown(results, scale, figures: dict, fig_rel: str, made: str) -> s
         f"run, {scale.la_fraction:g}× the EconoServe/ALISE request counts and "
         + ("every rate" if scale.rate_stride == 1 else f"one rate in {scale.rate_stride}") + " of their grids.",
         "",
-        "Direction, ordering and crossovers are the hard targets; magnitudes are compared with the paper's number "
-        f"as a ratio within ±{int(MAGNITUDE_TOLERANCE * 100)}% (spec `infermax.md` §6). Verdicts: "
+        "Direction, ordering and crossovers are the hard targets; a magnitude agrees when our number is within "
+        f"±{int(MAGNITUDE_TOLERANCE * 100)}% of the paper's (spec `infermax.md` §6), and for an 'N x better' claim "
+        "that is the effect, the excess over 1x, at every N. Verdicts: "
         f"*{REPRODUCED}* (direction holds and the magnitude, where the paper gives one, is within tolerance), "
-        f"*{DIRECTION_ONLY}*, *{NOT_REPRODUCED}* (direction fails), *{NOT_RUN}* (a needed component is missing).",
+        f"*{DIRECTION_ONLY}*, *{NOT_REPRODUCED}* (direction fails), *{UNTESTABLE}* (the compared values tie within "
+        "2%, or every system is saturated at ≥ 98%: this setup cannot tell), *{NOT_RUN}* (a needed component is "
+        "missing). The notes quote the runs' own numbers.",
         "",
         f"**Summary:** {t['claims']} claims; {t['checked']} checked, {t['not_run']} not run. Direction reproduced in "
         f"**{t['direction_ok']}/{t['checked']}**; magnitude within ±50% in **{t['magnitude_ok']}/"
         f"{t['magnitude_checked']}** claims that state a number. {t['reproduced']} reproduced, "
-        f"{t['direction_only']} direction only, {t['not_reproduced']} not reproduced.",
+        f"{t['direction_only']} direction only, {t['not_reproduced']} not reproduced, {t['untestable']} untestable "
+        "here.",
         "",
         "| claim | § | statement | paper | ours | direction | magnitude | verdict | why / notes | figure |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -176,8 +182,17 @@ def to_records(results, scale, made: str = "") -> dict:
                         "verdict": r.outcome.verdict, "note": r.outcome.note} for r in results]}
 
 
+QUICK_OUT = "out/reproduce-quick"      # the CI-sized report goes to scratch; docs/ holds the full-scale one
+
+
 def cmd_reproduce(args) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.silent else None
+    base = QUICK_OUT if args.quick else "docs"
+    args.out = args.out or f"{base}/reproduction.md"
+    args.figures = args.figures or f"{base}/figures"
+    if args.quick and Path(args.out).resolve() == Path("docs/reproduction.md").resolve():
+        raise UserError("reproduce --quick: the committed docs/reproduction.md is the full-scale report; write the "
+                        "quick one elsewhere (default out/reproduce-quick/)")
     if args.update and not args.claims:
         raise UserError("reproduce --update: name the claims to re-evaluate with --claims ID ...")
     if args.claims:
@@ -196,8 +211,10 @@ def cmd_reproduce(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="check the seed papers' findings and write docs/reproduction.md + figures")
     p.add_argument("--quick", action="store_true", help=f"smaller runs (B={QUICK.B}, M={QUICK.M}), CI-sized subset")
-    p.add_argument("--out", default="docs/reproduction.md", help="Markdown report path")
-    p.add_argument("--figures", default="docs/figures", help="directory for the PNG figures")
+    p.add_argument("--out", default=None, help="Markdown report path (default docs/reproduction.md; with --quick "
+                                                 f"{QUICK_OUT}/reproduction.md, never the committed report)")
+    p.add_argument("--figures", default=None, help="directory for the PNG figures (default docs/figures; with "
+                                                   f"--quick {QUICK_OUT}/figures)")
     p.add_argument("--claims", nargs="*", metavar="ID", help="only these claim ids (e.g. F4.2-5 F4.3-1)")
     p.add_argument("--no-figures", action="store_true", help="skip drawing figures")
     p.add_argument("--update", action="store_true",
