@@ -9,15 +9,18 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-from sim.study.findings.length_aware import ALISE_REQUESTS, ALISE_SETUPS as SETUPS, ALISE_VARIANTS as VARIANTS
+from sim.study.findings.length_aware import ALISE_BASELINE, ALISE_DATASETS, ALISE_REQUESTS, ALISE_VARIANTS as VARIANTS
+from sim.study.findings.length_aware import alise_knee, knee_grid
 from sim.study.findings.length_aware import alise_scenario as scenario
 
 
 def main(quick=False):
     n = {d: k // 2 if quick else k for d, k in ALISE_REQUESTS.items()}
-    out = {"setups": SETUPS, "runs": [], "sustainable": {}, "predictor_sensitivity": []}
-    for dataset, (_, rates) in SETUPS.items():
-        rates = rates[::2] if quick else rates
+    out = {"baseline_knee_rps": {}, "runs": [], "sustainable": {}, "predictor_sensitivity": []}
+    for dataset in ALISE_DATASETS:
+        # the same multiples of the baseline's knee on this setup as the findings use
+        knee = out["baseline_knee_rps"][dataset] = alise_knee(dataset, n[dataset])
+        rates = knee_grid(knee, 2 if quick else 1)
         curves = {}
         for var in VARIANTS:
             nl = []
@@ -30,7 +33,7 @@ def main(quick=False):
                       f"JCT {m['jct_mean_s']:7.2f} s  swaps {m['swaps']:5d}  evictions {m['evictions']:5d}  "
                       f"({m['wall_s']:.1f}s)", flush=True)
             curves[var] = nl
-        thr = 4 * curves["vllm"][0]        # latency constraint: 4x vLLM's normalized latency at the lowest rate
+        thr = 4 * curves[ALISE_BASELINE][0]        # latency constraint: 4x vLLM's normalized latency at the lowest rate
         sus = {v: sustainable_rate(rates, nl, thr) for v, nl in curves.items()}
         out["sustainable"][dataset] = {"threshold_s_per_token": thr, "rates": sus,
                                        "alise_vs_vllm": sus["alise"] / max(sus["vllm"], 1e-9),
@@ -38,8 +41,9 @@ def main(quick=False):
                                        "alise_vs_orca": sus["alise"] / max(sus["orca"], 1e-9)}
         print(f"{dataset}: sustainable rate at NL <= {thr*1e3:.1f} ms/token: " +
               ", ".join(f"{v} {r:.1f}" for v, r in sus.items()), flush=True)
-    # near ALISE's ShareGPT capacity, where the order of the queue matters (below it every predictor ties)
-    dataset, rate = "sharegpt", (14 if not quick else 12)
+    # above the baseline's knee on ShareGPT, where the order of the queue matters (below it every predictor ties)
+    dataset = "sharegpt"
+    rate = out["baseline_knee_rps"][dataset] * 1.5
     for mae in (0.0, 0.034, 0.092, 0.148, 0.3, 0.6, 0.9):
         pred = {"kind": "oracle"} if mae == 0 else {"kind": "noisy", "error": mae}
         m = run(scenario(dataset, "alise", rate, n[dataset], predictor=pred))

@@ -8,17 +8,20 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-from sim.study.findings.length_aware import ECONO_PADDINGS, ECONO_POLICIES as POLICIES, ECONO_REQUESTS
-from sim.study.findings.length_aware import ECONO_SETUPS as SETUPS
+from sim.study.findings.length_aware import ECONO_BASELINE, ECONO_PADDINGS, ECONO_POLICIES as POLICIES, ECONO_REQUESTS
+from sim.study.findings.length_aware import ECONO_SETUPS as SETUPS, econo_knee, knee_grid
 from sim.study.findings.length_aware import econo_scenario as scenario
 
 
 def main(quick=False):
     n = ECONO_REQUESTS // 2 if quick else ECONO_REQUESTS
-    out = {"setups": {k: dict(zip(("M", "padding", "reserved_frac", "pipe_buffer_frac", "rates"), v))
-                      for k, v in SETUPS.items()}, "runs": [], "sustainable": {}, "padding_sweep": []}
-    for dataset, (*_, rates) in SETUPS.items():
-        rates = rates[::2] if quick else rates
+    out = {"setups": {k: dict(zip(("padding", "reserved_frac", "pipe_buffer_frac"), v)) for k, v in SETUPS.items()},
+           "runs": [], "sustainable": {}, "padding_sweep": []}
+    for dataset in SETUPS:
+        # the same multiples of the baseline's knee on this setup as the findings use
+        knee = econo_knee(dataset, n)
+        rates = knee_grid(knee, 2 if quick else 1)
+        out["setups"][dataset]["baseline_knee_rps"] = knee
         curves = {}
         for pol in POLICIES:
             nl = []
@@ -33,14 +36,14 @@ def main(quick=False):
                       f"fwd {m['forward_size_mean']:.0f}  ({m['wall_s']:.1f}s)", flush=True)
             curves[pol] = nl
         # latency constraint: 4x vLLM's normalized latency at the lowest rate (the paper reads "similar latency")
-        thr = 4 * curves["vllm (swap)"][0]
+        thr = 4 * curves[ECONO_BASELINE][0]
         sus = {p: sustainable_rate(rates, nl, thr) for p, nl in curves.items()}
         out["sustainable"][dataset] = {"threshold_s_per_token": thr, "rates": sus,
-                                       "econoserve_vs_vllm": sus["econoserve"] / max(sus["vllm (swap)"], 1e-9),
+                                       "econoserve_vs_vllm": sus["econoserve"] / max(sus[ECONO_BASELINE], 1e-9),
                                        "econoserve_vs_sarathi": sus["econoserve"] / max(sus["sarathi"], 1e-9)}
         print(f"{dataset}: sustainable rate at NL <= {thr*1e3:.1f} ms/token: " +
               ", ".join(f"{p} {r:.2f}" for p, r in sus.items()), flush=True)
-    rate = 8 if not quick else 6
+    rate = econo_knee("sharegpt", n)      # at the baseline's knee, where provisioning errors cost the most
     for pad in ECONO_PADDINGS:
         m = run(scenario("sharegpt", "econoserve-sd (SyncDecoupled)", rate, n, padding=pad))
         m.update(padding=pad, rate=rate)

@@ -43,10 +43,18 @@ def print_summary(summary: dict, title: str = "", file=None) -> None:
     file = file or sys.stdout
     if title:
         print(title, file=file)
+    from sim.metrics.glossary import unit
     keys = [k for k in SUMMARY_KEYS if k in summary] + sorted(k for k in summary if k.startswith("slo_attainment_"))
     w = max(len(k) for k in keys)
     for k in keys:
-        print(f"  {k:<{w}}  {_fmt(summary[k])}", file=file)
+        v = summary[k]
+        if k.startswith("slo_attainment") or k == "goodput_rps":
+            text = "no SLO set" if isinstance(v, float) and math.isnan(v) else _fmt(v)
+        else:
+            text = _fmt(v)
+        u = unit(k)
+        print(f"  {k:<{w}}  {text:<10}" + (f" {u}" if u and text not in ("-", "no SLO set") else ""), file=file)
+    print("  (column meanings: README, 'Run summary glossary')", file=file)
 
 
 def cmd_run(args) -> int:
@@ -106,11 +114,33 @@ def main(argv=None) -> int:
         load_extensions()          # SERVESIM_EXTENSIONS: user policies, workloads, GPUs, models
         return args.func(args)
     except UserError as e:
-        print(f"servesim: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except BrokenPipeError:        # `servesim ... | head`: the reader left; nothing more to say
+        _silence_stdout()
+        return 0
+    except UnicodeDecodeError as e:
+        return _fail(f"an input is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8")
+    except OSError as e:           # files: missing, unreadable, unwritable, a directory where a file belongs
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(message: str) -> int:
+    print(f"servesim: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -65,20 +65,26 @@ def request_table(requests, slos: dict | None = None, overheads=None) -> pd.Data
     return df
 
 
+SLO_COLUMNS = ("ttft_s", "tbt_p99_s", "tpot_s", "e2e_s", "normalized_latency_s")
+
+
 def slo_attained(df: pd.DataFrame, slos: dict) -> np.ndarray:
-    """A request attains when it completed and meets every target of its class (or of 'default').
+    """1.0 when a request completed and meets every target of its class (or of 'default'), 0.0 when it does not,
+    NaN when no target applies to it (no SLO set: attainment is not defined, not 100%).
 
     Gap-based targets (p99 TBT, TPOT) are vacuous for single-token outputs, which have no gaps."""
-    ok = (df["status"] == "done").to_numpy().copy()
+    done = (df["status"] == "done").to_numpy()
+    out = np.full(len(df), NAN)
     if not slos:
-        return ok
+        return out
     cls = df["cls"].to_numpy()
     for c in np.unique(cls):
         slo = slos.get(c, slos.get("default"))
-        if slo is None:
+        if slo is None or all(getattr(slo, col) is None for col in SLO_COLUMNS):
             continue
         mask = cls == c
-        for col in ("ttft_s", "tbt_p99_s", "tpot_s", "e2e_s", "normalized_latency_s"):
+        ok = done.copy()
+        for col in SLO_COLUMNS:
             target = getattr(slo, col)
             if target is None:
                 continue
@@ -86,8 +92,9 @@ def slo_attained(df: pd.DataFrame, slos: dict) -> np.ndarray:
             passes = v <= target
             if col in ("tbt_p99_s", "tpot_s"):
                 passes |= np.isnan(v)
-            ok[mask] &= passes[mask]
-    return ok
+            ok &= passes
+        out[mask] = ok[mask]
+    return out
 
 
 def iteration_table(iters: dict) -> pd.DataFrame:
@@ -127,12 +134,14 @@ def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncat
         s["running_mean"] = float(it["running"].mean())
         s["kv_util_mean"] = float(it["kv_alloc_tokens"].mean() / capacity_tokens)
         s["kv_util_max"] = float(it["kv_alloc_tokens"].max() / capacity_tokens)
-    att = req["slo_attained"]
-    s["slo_attainment"] = float(att.mean()) if len(req) else NAN
+    att = req["slo_attained"].to_numpy(float)
+    has = ~np.isnan(att)
+    s["slo_attainment"] = float(att[has].mean()) if has.any() else NAN      # NaN: no SLO set
     for cls in sorted(req["cls"].unique()):
         if cls != "default":
-            s[f"slo_attainment_{cls}"] = float(att[req["cls"] == cls].mean())
-    s["goodput_rps"] = float(att.sum() / makespan) if n_done and makespan > 0 else NAN
+            sel = (req["cls"] == cls).to_numpy() & has
+            s[f"slo_attainment_{cls}"] = float(att[sel].mean()) if sel.any() else NAN
+    s["goodput_rps"] = float(att[has].sum() / makespan) if n_done and makespan > 0 and has.any() else NAN
     return s
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +101,7 @@ class Scenario:
 
 def _coerce(value, typ, where):
     origin = typing.get_origin(typ)
-    if origin is typing.Union:
+    if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None:
             return None
@@ -155,14 +156,14 @@ def _from_dict(cls, d, where):
 
 
 def parse_override(text: str) -> tuple[list, object]:
+    from sim.scenario.yamlio import scalar
     if "=" not in text:
         raise UserError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. policy.name=sarathi")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError:
-        value = raw
-    return [p for p in key.strip().split(".") if p], value
+    path = key.strip().split(".")
+    if not key.strip() or any(not p.strip() for p in path):
+        raise UserError(f"--set {text!r}: the key must be a dotted scenario field such as memory.M (no empty parts)")
+    return [p.strip() for p in path], scalar(raw)
 
 
 def apply_overrides(raw: dict, overrides) -> dict:
@@ -215,7 +216,13 @@ def _check_ranges(scn: Scenario) -> None:
 
 
 def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
-    raw = apply_overrides(raw or {}, overrides)
+    raw = dict(raw or {})
+    defaults = Scenario()
+    for sec in ("policy", "workload", "costmodel"):
+        # an override of one field of a section the file leaves out refines the default, not an empty mapping
+        if sec not in raw and any(str(o).split("=", 1)[0].strip().startswith(sec + ".") for o in overrides or ()):
+            raw[sec] = copy.deepcopy(getattr(defaults, sec))
+    raw = apply_overrides(raw, overrides)
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
     for sec in ("policy", "workload", "costmodel", "cluster"):
@@ -227,15 +234,11 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
 
 def read_yaml_mapping(path, what: str = "file") -> dict:
     """A YAML file whose top level is a mapping; one clear line (with the line number) when it is not."""
+    from sim.scenario.yamlio import load, read_text
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: {what} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)})") from None
+    raw = load(read_text(path, what), str(path))
+    if raw is None:
+        raise UserError(f"{path}: is empty")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: top level must be a mapping of sections")
     return raw

@@ -54,19 +54,9 @@ class Point:
 
 # -- parsing ----------------------------------------------------------------------------------------------------
 def parse_value(text: str):
-    """A grid value from the command line: YAML scalars, plus 1e3-style numbers (YAML 1.1 reads them as strings)."""
-    text = text.strip()
-    try:
-        v = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text
-    if isinstance(v, str):
-        try:
-            f = float(v)
-        except ValueError:
-            return v
-        return int(f) if f.is_integer() and abs(f) < 2 ** 53 else f
-    return v
+    """A grid value from the command line, read as `--set` and scenario files read it (sim.scenario.yamlio)."""
+    from sim.scenario.yamlio import scalar
+    return scalar(text)
 
 
 def parse_grid_arg(text: str) -> Axis:
@@ -79,10 +69,10 @@ def parse_grid_arg(text: str) -> Axis:
         raise UserError(f"--grid {text!r}: the key must be a dotted scenario field such as memory.M")
     rhs = rhs.strip()
     if rhs.startswith("["):
-        try:
-            values = yaml.safe_load(rhs)
-        except yaml.YAMLError as e:
-            raise UserError(f"--grid {text!r}: not a valid YAML list ({getattr(e, 'problem', e)})") from None
+        from sim.scenario.yamlio import load
+        values = load(rhs, f"--grid {text!r}")
+        if not isinstance(values, list):
+            raise UserError(f"--grid {text!r}: a value starting with [ must be a YAML list")
     else:
         values = [parse_value(v) for v in rhs.split(",") if v.strip() != ""]
     if not values:
@@ -143,8 +133,12 @@ def load_sweep(path, grid_args=(), set_args=()) -> SweepSpec:
     else:
         base, source, axes, fixed, name = raw, str(path), [], {}, raw.get("name") or path.stem
     spec = SweepSpec(str(name), base, source, axes, dict(fixed))
+    cli_keys = set()
     for text in grid_args or ():
         ax = parse_grid_arg(text)
+        if ax.key in cli_keys:
+            raise UserError(f"--grid {ax.key}: given twice; list all its values in one --grid {ax.key}=V1,V2,...")
+        cli_keys.add(ax.key)
         keys = [a.key for a in spec.axes]
         if ax.key in keys:                              # replace the file's axis in place, keeping the order
             spec.axes[keys.index(ax.key)] = ax
@@ -467,7 +461,9 @@ def register(sub) -> None:
                                    "Finished points are kept in OUT/points/, so rerunning skips them.")
     p.add_argument("sweep", help="a scenario YAML (axes from --grid) or a sweep YAML with scenario/set/grid")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help="an axis: any dotted scenario field, e.g. --grid workload.rate=1,2,4 --grid seed=0,1,2")
+                   help="an axis: any dotted scenario field, e.g. --grid workload.rate=1,2,4 --grid seed=0,1,2; one "
+                        "--grid per field (a second one for the same field is an error); it replaces a sweep file's "
+                        "axis of that field")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed override for every point")
     p.add_argument("--out", help="results directory (default out/sweeps/<name>)")
     p.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")

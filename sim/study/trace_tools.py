@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from costmodels.errors import UserError
 
@@ -42,12 +41,8 @@ def load_make_spec(path, overrides=()) -> tuple[dict, int]:
     """SPEC.yaml is a workload mapping (with `kind`) or a scenario with `workload:` and `seed:`."""
     from sim.scenario.config import apply_overrides
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: spec file does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: is not valid YAML ({getattr(e, 'problem', e)})") from None
+    from sim.scenario import yamlio
+    raw = yamlio.load(yamlio.read_text(p, "spec file"), str(path)) or {}
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping (a workload spec with kind, or a scenario with workload)")
     raw = apply_overrides(raw, overrides)

@@ -25,7 +25,7 @@ TABLE5 = {(3, 1): 26.4, (3, 5): 59.7, (3, 10): 11.9, (6, 1): 20.0, (6, 5): 18.1,
 
 def _summ(res) -> dict:
     req, it = res.requests, res.iterations
-    viol = req[~req.slo_attained.astype(bool)]
+    viol = req[req.slo_attained == 0]
     ttft = req.ttft_s.fillna(np.inf).to_numpy()
     bound = ((it.kv_alloc_tokens >= 0.9 * res.capacity_tokens) & (it.waiting > 0)) | (it.running >= 256)
     return {"att": float(res.summary["slo_attainment"]),

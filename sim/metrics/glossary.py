@@ -1,0 +1,53 @@
+"""What each run-summary column means and its unit (printed by `servesim run`, listed in the README)."""
+from __future__ import annotations
+
+# name: (unit, meaning). Percentile columns follow their mean's unit: ttft_p99 is the 99th percentile over requests.
+GLOSSARY = {
+    "requests": ("requests", "requests in the workload"),
+    "completed": ("requests", "requests that produced all their output tokens"),
+    "infeasible": ("requests", "requests that can never run (longer than the model's context, or their KV cannot "
+                               "fit in M); refused up front, as vLLM refuses them"),
+    "makespan_s": ("s", "first arrival to last completion"),
+    "tps": ("tokens/s", "generated (output) tokens per second of makespan"),
+    "request_throughput": ("req/s", "completed requests per second of makespan"),
+    "ttft_mean": ("s", "time to first token: arrival to the first output token (plus front-end time when the cost "
+                       "model has overheads), mean over completed requests"),
+    "ttft_p99": ("s", "99th percentile of TTFT over completed requests"),
+    "tpot_mean": ("s/token", "time per output token after the first: (completion − first token) / (output − 1)"),
+    "tbt_p99_p99": ("s", "each request's 99th-percentile gap between consecutive tokens, then the 99th percentile of "
+                         "that over requests"),
+    "e2e_mean": ("s", "end-to-end latency: arrival to the last token"),
+    "evictions": ("count", "preemptions that dropped KV (recomputed later)"),
+    "swaps": ("count", "preemptions that moved KV to CPU memory"),
+    "batch_size_mean": ("requests", "requests per iteration, mean over iterations"),
+    "running_mean": ("requests", "requests holding KV on the GPU, mean over iterations"),
+    "kv_util_mean": ("fraction of M", "KV tokens allocated over the capacity M, mean over iterations"),
+    "kv_util_max": ("fraction of M", "the largest KV allocation over M"),
+    "slo_attainment": ("fraction", "share of requests that completed and met every SLO target of their class; "
+                                   "'no SLO set' when the scenario sets none"),
+    "goodput_rps": ("req/s", "requests meeting their SLO per second of makespan"),
+    "iterations": ("count", "engine steps (forward passes)"),
+    "replicas": ("count", "replicas in a cluster"),
+    "gpus": ("count", "GPUs in a cluster (replicas × tensor-parallel degree)"),
+    "gpu_seconds": ("GPU·s", "GPUs × makespan"),
+    "goodput_rps_per_gpu": ("req/s per GPU", "goodput divided by the GPUs"),
+    "load_imbalance": ("ratio", "busiest replica's busy time over the mean replica's (1 = even)"),
+    "kv_transfer_s_mean": ("s", "disaggregated: mean KV transfer time from prefill to decode replica"),
+    "kv_transfer_share": ("fraction", "disaggregated: KV transfer time over end-to-end latency, summed"),
+    "handoff_wait_s_mean": ("s", "disaggregated: time a finished prefill waited for KV room on a decode replica"),
+    "prefix_hit_rate": ("fraction", "prompt blocks found in the prefix cache at admissions (GPU or CPU tier)"),
+    "wall_s": ("s", "host time the simulation took (not simulated time)"),
+}
+
+
+def unit(name: str) -> str:
+    """The unit of a summary column (percentiles and per-class attainments share their base column's)."""
+    if name.startswith("slo_attainment_"):
+        return GLOSSARY["slo_attainment"][0]
+    if name in GLOSSARY:
+        return GLOSSARY[name][0]
+    base = name.rsplit("_p", 1)[0]
+    for key in (base + "_mean", base):
+        if key in GLOSSARY:
+            return GLOSSARY[key][0]
+    return ""
