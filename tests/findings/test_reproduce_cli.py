@@ -83,3 +83,28 @@ def test_quick_report_never_touches_the_committed_one(tmp_path, monkeypatch, cap
     assert main(["reproduce", "--quick", "--silent", "--claims", "FA1-1", "--out", "docs/reproduction.md"]) == 2
     assert "full-scale report" in capsys.readouterr().err
     assert (tmp_path / "docs" / "reproduction.md").read_bytes() == before
+
+
+def test_findings_disk_cache_is_json_keeps_types_and_drops_other_code_versions(tmp_path, monkeypatch):
+    import json
+    from sim.study.findings import runs
+    f = tmp_path / "cache.json"
+    monkeypatch.setattr(runs, "_DISK", str(f))
+    monkeypatch.setattr(runs, "_CACHE", {})
+    value = {"tps": 1.5, "by_I": {16: (1, 2)}, "series": [0.1, float("nan")], "n": 3}
+    runs._store(("offline", "vllm", 16, 4, None, (("a", 1),)), value)
+    doc = json.loads(f.read_text())                       # plain JSON, not a pickle
+    assert doc["code_version"] == runs.code_version()
+    monkeypatch.setattr(runs, "_CACHE", {})
+    runs._load_disk()
+    [(key, back)] = runs._CACHE.items()
+    assert key == ("offline", "vllm", 16, 4, None, (("a", 1),))
+    assert back["by_I"] == {16: (1, 2)} and back["tps"] == 1.5 and back["n"] == 3
+    doc["code_version"] = "0" * 16                        # written by other code: ignored
+    f.write_text(json.dumps(doc))
+    monkeypatch.setattr(runs, "_CACHE", {})
+    runs._load_disk()
+    assert runs._CACHE == {}
+    f.write_text("\x80 not json")                         # garbage is ignored, never executed
+    runs._load_disk()
+    assert runs._CACHE == {}

@@ -1,8 +1,10 @@
 """Memoised simulation runs for the findings: the same (policy, workload, M) is simulated once per process."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +15,76 @@ from sim.scenario.build import requests_from_table
 from sim.cluster.runner import run_scenario
 
 _CACHE: dict = {}
-# Optional on-disk memo for iterating on claim logic without re-simulating. Keyed by run parameters only, not by
-# code version: clear it after changing the simulator, a policy or a cost model.
+# Optional on-disk memo (SERVESIM_FINDINGS_CACHE=FILE.json) for iterating on claim logic without re-simulating.
+# Plain JSON, never unpickled, so a cache file from elsewhere cannot run code; it is stamped with a hash of the
+# simulator's source and profiles and ignored (then overwritten) when the code has changed since it was written.
 _DISK = os.environ.get("SERVESIM_FINDINGS_CACHE")
-if _DISK and Path(_DISK).exists():
-    _CACHE.update(pickle.loads(Path(_DISK).read_bytes()))
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of every file whose change can change a run: the packages' Python sources and the profiles."""
+    h = hashlib.sha256()
+    for folder, pattern in (("sim", "*.py"), ("costmodels", "*.py"), ("policies", "*.py"), ("solver", "*.py"),
+                            ("traces", "*.py"), ("profiles", "*.yaml"), ("profiles", "*.csv")):
+        for f in sorted((_ROOT / folder).rglob(pattern)):
+            h.update(str(f.relative_to(_ROOT)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _encode(v):
+    """JSON that keeps what the claims rely on: tuples and dicts with non-string keys come back as they were."""
+    if isinstance(v, dict):
+        if all(isinstance(k, str) for k in v):
+            return {k: _encode(x) for k, x in v.items()}
+        return {"__items__": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    if isinstance(v, tuple):
+        return {"__tuple__": [_encode(x) for x in v]}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return [_encode(x) for x in v.tolist()]
+    return v
+
+
+def _decode(v):
+    if isinstance(v, dict):
+        if "__tuple__" in v and len(v) == 1:
+            return tuple(_decode(x) for x in v["__tuple__"])
+        if "__items__" in v and len(v) == 1:
+            return {_decode(k): _decode(x) for k, x in v["__items__"]}
+        return {k: _decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+def _load_disk() -> None:
+    p = Path(_DISK)
+    if not p.exists():
+        return
+    try:
+        doc = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return                        # not ours or truncated: start afresh (it is overwritten on the next store)
+    if isinstance(doc, dict) and doc.get("code_version") == code_version():
+        _CACHE.update({_decode(k): _decode(v) for k, v in doc.get("entries", [])})
+
+
+if _DISK:
+    _load_disk()
 
 
 def _store(key, value) -> dict:
     _CACHE[key] = value
     if _DISK:
+        doc = {"code_version": code_version(), "entries": [[_encode(k), _encode(v)] for k, v in _CACHE.items()]}
         tmp = Path(_DISK + ".tmp")
-        tmp.write_bytes(pickle.dumps(_CACHE))
+        tmp.write_text(json.dumps(doc))
         tmp.replace(_DISK)
     return value
 
