@@ -254,6 +254,16 @@ class Alise(Policy):
                     moved = view.step_swap_in - before
                     view.step_swap_in -= moved
                     view.step_swap_hidden += moved
+        if not uploaded and not view.running:
+            # nothing resident: the planning margin and the hysteresis must not keep the top swapped job out
+            for _, _, r in ewt:
+                if r.state == SWAPPED and mem.can_reserve(r, r.cached + 1, admission=True):
+                    if view.swap_in(r, r.cached + 1):
+                        r.meta.ready_iter = stamp + 1
+                        r.meta.moved_iter = stamp
+                        self.stats["uploads"] += 1
+                        uploaded.append(r)
+                        break
         return uploaded
 
 

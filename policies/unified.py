@@ -138,13 +138,19 @@ class UnifiedScheduler(Policy):
                 return f"max_model_len = {c.max_model_len} exceeds KV capacity M = {capacity_tokens}"
         if not c.chunked and req.prompt_tokens > self.P:
             return f"prompt longer than the prefill budget P = {self.P} without chunked prefill"
+        if c.peak_admission and req.prompt_tokens + req.output_tokens > capacity_tokens:
+            # LightLLM projects prompt + every output token; alone it still does not fit, so it is never admitted
+            return f"projected peak (prompt + output tokens) exceeds KV capacity M = {capacity_tokens}"
         return None
 
     def admission_tokens(self, req):
+        # A waiting request enters with its first chunk (the whole prompt up to the chunk budget): the chunk is
+        # not shrunk to fit free memory, so that is what the admission watermark must leave room for.
         c = self.config
+        first = min(req.prompt_tokens, self.C) if c.chunked else req.prompt_tokens
         if c.reservation == "incremental":
-            return 1 if c.chunked else req.prompt_tokens
-        return self._admission_target(req, 1 if c.chunked else req.prompt_tokens)
+            return first
+        return self._admission_target(req, first)
 
     # -- fast-forward ---------------------------------------------------------------------------------------
     fast_forward_safe = False   # a subclass that changes scheduling sets True only if steady_decode still holds

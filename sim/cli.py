@@ -61,6 +61,9 @@ def cmd_run(args) -> int:
     from sim.scenario.config import load_scenario
     from sim.cluster.runner import run_scenario
     scn = load_scenario(args.scenario, args.set)
+    if args.out:                    # a bad place to write fails now, not after the run
+        from sim.paths import output_dir
+        output_dir(args.out, create=False)
     from sim.study.progress import attach_run_progress
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
     if res.meta["infeasible_ids"]:

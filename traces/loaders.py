@@ -36,13 +36,16 @@ FORMATS: dict[str, tuple] = {
 GENERIC = ("csv", "jsonl")
 
 
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
 def detect_format(path: Path) -> str:
     """Guess the format from the header (CSV) or the first object's keys (JSONL)."""
-    if path.suffix in (".jsonl", ".json", ".ndjson"):
+    if path.suffix in JSONL_SUFFIXES:
         raw, _ = read_raw(path, "jsonl")
         cols = set(raw.columns)
     else:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:   # open_user_file has checked the text
             cols = {c.strip() for c in f.readline().strip().split(",")}
     for name, (_, mapping, _, _) in FORMATS.items():
         need = {mapping["prompt_tokens"], mapping["output_tokens"]}
@@ -59,11 +62,14 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
     """One tidy table (arrival_s from the first request, prompt_tokens, output_tokens, optional cls/session/...)."""
     hint = FORMATS.get(format, (None, None, None, ""))[3] if format != "auto" else ""
     p = open_user_file(path, where, hint or (AZURE_HINT if "Azure" in str(path) else ""))
-    if format == "auto":
+    detected = format == "auto"
+    if detected:
         format = detect_format(p)
     if format in FORMATS:
         fmt, mapping, unit, _ = FORMATS[format]
         mapping = {**mapping, **(columns or {})}
+        if detected and p.suffix in JSONL_SUFFIXES:
+            fmt = "jsonl"         # a format's columns recognised in a JSON-lines file: read it as one
     elif format in GENERIC:
         fmt, unit = format, "s"
         if not columns or "prompt_tokens" not in columns or "output_tokens" not in columns:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pandas as pd
 from costmodels.errors import UserError
 from sim.paths import resolve_user_path, shared_data_dir
 
+MAX_TIME_S = 1e11
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "datetime": None}
 
 
@@ -21,9 +23,33 @@ def open_user_file(path, where: str, hint: str = "") -> Path:
     p = resolve_user_path(path)
     if not p.is_file():
         p = _in_shared_data(path) or p
+    if p.is_dir():
+        raise UserError(f"{where}.path: {path} is a directory; give a trace file (csv or jsonl)")
     if not p.is_file():
         raise UserError(f"{where}.path: {path} does not exist{'; ' + hint if hint else ''}")
+    check_text_file(p)
     return p
+
+
+def check_text_file(p: Path) -> None:
+    """One line for a trace that cannot be text: empty, gzip-compressed, or not UTF-8 (judged on its start; a bad
+    byte further on is reported by the reader with its line)."""
+    with open(p, "rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip():
+        raise UserError(f"{p}: is empty; a trace needs a header and at least one request")
+    if head[:2] == b"\x1f\x8b":
+        raise UserError(f"{p}: is gzip-compressed; decompress it first (gunzip {p.name})")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if len(head) < 1 << 16 or e.start < len(head) - 4:   # not a multi-byte character cut by the window
+            line = head[:e.start].count(b"\n") + 1
+            raise UserError(f"{p}:{line}: is not UTF-8 text (byte {e.start}); save the trace as UTF-8") from None
+
+
+def _line_of_offset_error(path: Path, e: UnicodeDecodeError) -> str:
+    return f"{path}: is not UTF-8 text ({e.reason} at byte {e.start}); save the trace as UTF-8"
 
 
 def _in_shared_data(path) -> Path | None:
@@ -45,14 +71,28 @@ def read_raw(path: Path, fmt: str) -> tuple[pd.DataFrame, np.ndarray]:
             # Let the C parser type clean numeric columns (fast path); anything odd stays text and is
             # diagnosed row by row below. keep_default_na=False: an empty cell is an error, not a NaN.
             df = pd.read_csv(path, skipinitialspace=True, keep_default_na=False, low_memory=False)
-        except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        except UnicodeDecodeError as e:
+            raise UserError(_line_of_offset_error(path, e)) from None
+        except pd.errors.EmptyDataError:
+            raise UserError(f"{path}: is empty; a trace needs a header and at least one request") from None
+        except pd.errors.ParserError as e:
+            m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+            if m:
+                raise UserError(f"{path}:{m.group(2)}: {m.group(3)} fields, but the header has {m.group(1)} "
+                                f"columns") from None
             raise UserError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
-        df.columns = [c.strip() for c in df.columns]
-        return df, np.arange(len(df)) + 2  # line 1 is the header
+        header, first = _first_rows(path)
+        if len(first) > len(header) or df.index.nlevels > 1 or not (
+                isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1):
+            # every row has more fields than the header: pandas would quietly turn the first ones into an index
+            raise UserError(f"{path}:2: {len(first)} fields, but the header has {len(header)} columns "
+                            f"(a trailing comma, or a column without a name?)")
+        df.columns = [str(c).strip() for c in df.columns]
+        return df, _data_lines(path, len(df))
     if fmt == "jsonl":
         rows, lines = [], []
-        with open(path, encoding="utf-8") as f:
-            for lineno, text in enumerate(f, 1):
+        with open(path, encoding="utf-8", errors="strict") as f:
+            for lineno, text in _utf8_lines(path, f):
                 if not text.strip():
                     continue
                 try:
@@ -65,6 +105,34 @@ def read_raw(path: Path, fmt: str) -> tuple[pd.DataFrame, np.ndarray]:
                 lines.append(lineno)
         return pd.DataFrame(rows), np.asarray(lines, dtype=np.int64)
     raise UserError(f"{path}: unknown file format {fmt!r}; allowed: csv, jsonl")
+
+
+def _first_rows(path: Path) -> tuple[list, list]:
+    """The header's fields and the first data row's, as the csv module splits them."""
+    import csv
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = csv.reader(line for line in f if line.strip())
+        header = next(rows, [])
+        return header, next(rows, [])
+
+
+def _utf8_lines(path: Path, f):
+    lineno = 0
+    try:
+        for lineno, text in enumerate(f, 1):
+            yield lineno, text
+    except UnicodeDecodeError:
+        raise UserError(f"{path}:{lineno + 1}: is not UTF-8 text; save the trace as UTF-8") from None
+
+
+def _data_lines(path: Path, n: int) -> np.ndarray:
+    """The 1-based file line of each of the n data rows: the reader skips blank lines, so count them back in."""
+    data = path.read_bytes()
+    if b"\n\n" not in data and b"\n\r\n" not in data:
+        return np.arange(n) + 2                 # line 1 is the header
+    nonblank = [i + 1 for i, line in enumerate(data.split(b"\n")) if line.strip(b"\r")]
+    lines = np.asarray(nonblank[1:], dtype=np.int64)
+    return lines[:n] if len(lines) >= n else np.arange(n) + 2   # quoted multi-line cells: fall back to row order
 
 
 class RowChecker:
@@ -119,6 +187,8 @@ def numeric_column(raw: pd.Series, name: str, checker: RowChecker, integer: bool
         checker.flag(missing, f"{name} missing", lambda i: f"column {name!r} is missing")
     checker.flag(np.isnan(vals), f"{name} not a number",
                  lambda i: f"column {name!r} = {text[i]!r} is not a number")
+    checker.flag(np.isinf(vals), f"{name} not finite",
+                 lambda i: f"column {name!r} = {text[i]!r} is not a finite number")
     if integer:
         checker.flag(~np.isnan(vals) & (vals != np.round(vals)), f"{name} not an integer",
                      lambda i: f"column {name!r} = {text[i]!r} is not an integer")
@@ -144,6 +214,10 @@ def time_column(raw: pd.Series, name: str, unit: str, checker: RowChecker, sort:
         secs = np.where(bad, np.nan, ns * 1e-9)
     else:
         secs = numeric_column(raw, name, checker, integer=False, minimum=0.0) * TIME_UNITS[unit]
+    # beyond ~3,000 years: a wrong time_unit or a corrupt cell, and float seconds lose the resolution anyway
+    checker.flag(~np.isnan(secs) & (secs > MAX_TIME_S), f"{name} out of range",
+                 lambda i: f"column {name!r} = {text[i]!r} is more than {MAX_TIME_S:.0e} s "
+                 f"(time_unit is {unit!r}; allowed: {', '.join(TIME_UNITS)})")
     if sort:
         return secs
     # Backwards timestamps are a data error, not something to sort away silently.

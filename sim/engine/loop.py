@@ -161,6 +161,8 @@ class Simulation:
                     if self.completed >= total:
                         return
                 if self.arrived == total and not (view.step_swap_out or view.step_preemptions):
+                    if self._drop_grown_past_admission():
+                        continue
                     raise SimulationStuck(self._stuck_message("the policy scheduled nothing and no request is due"))
                 if self.arrived < total and clock is not None:
                     now = clock.wake()
@@ -399,6 +401,32 @@ class Simulation:
             return {k: [] for k in ITER_COLUMNS}
         a = np.array(self.iter_rows, dtype=float)
         return {k: a[:, i] if i < 2 else a[:, i].astype(np.int64) for i, k in enumerate(ITER_COLUMNS)}
+
+    def _drop_grown_past_admission(self) -> bool:
+        """With nothing on the GPU, a queued request that can no longer be admitted at all is dropped as
+        infeasible (True if any was): recompute after a preemption re-admits prompt + generated tokens, which can
+        exceed what capacity minus the admission watermark allows, and vLLM v0 then ignores the sequence rather
+        than wait for memory that will never come. Checked only here, where the run would otherwise be stuck."""
+        view, memory = self.view, self.memory
+        if view.running or self.hold_kv and self.held_kv:
+            return False
+        room = memory.total_blocks - memory.watermark_blocks
+        dropped = []
+        for queue, swapped in ((view.waiting, False), (view.swapped, True)):
+            for r in list(queue):
+                grown = r.input_tokens - r.prompt_tokens          # generated tokens folded into the prompt
+                need = memory.blocks_for(r.cached + 1 if swapped else self.policy.admission_tokens(r) + grown)
+                if need > room:
+                    queue.remove(r)
+                    if swapped:
+                        memory.drop_swapped(r)
+                    r.state = INFEASIBLE
+                    r.reason = ("after a preemption it needs more KV to resume than capacity minus the admission "
+                                "watermark (dropped mid-run, as vLLM v0 ignores such a sequence)")
+                    self.infeasible.append(r)
+                    self.completed += 1
+                    dropped.append(r)
+        return bool(dropped)
 
     def _stuck_message(self, why):
         v = self.view

@@ -89,6 +89,11 @@ class KVCacheManager:
         self.free(req)
         return req.cached
 
+    def drop_swapped(self, req) -> None:
+        """A swapped request leaves without coming back: its CPU copy is released."""
+        self.swap_free_blocks += req.swap_blocks
+        req.swap_blocks = 0
+
     def swap_in(self, req, tokens: int) -> bool:
         if not self.reserve(req, tokens, admission=True):
             return False

@@ -168,9 +168,8 @@ class SimResult:
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:
-        from pathlib import Path
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        from sim.paths import output_dir
+        out = output_dir(out_dir)
         paths = []
         for name, df in (("requests", self.requests), ("iterations", self.iterations),
                          ("summary", pd.DataFrame([self.summary])), *self.tables.items()):
@@ -180,11 +179,28 @@ class SimResult:
                     df.to_parquet(p, index=False)
                 except ImportError:
                     from costmodels.errors import UserError
-                    raise UserError("--format parquet needs pyarrow: pip install 'servesim[parquet]'") from None
+                    raise UserError("--format parquet needs pyarrow: pip install pyarrow") from None
             else:
-                df.to_csv(p, index=False)
+                write_csv(df, p)
             paths.append(p)
         return paths
+
+
+def write_csv(df: pd.DataFrame, path) -> None:
+    """A table as CSV (no index; empty cells for missing values): through pyarrow's C++ writer when it is
+    installed, about six times faster than pandas on the run tables, else through pandas."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+    except ImportError:
+        df.to_csv(path, index=False)
+        return
+    try:
+        table = pa.Table.from_pandas(df, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        df.to_csv(path, index=False)     # mixed-type object columns: leave them to pandas
+        return
+    pacsv.write_csv(table, str(path), pacsv.WriteOptions(quoting_style="needed"))
 
 
 def mechanism_counters(sim) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from costmodels.errors import UserError
+from sim.paths import output_dir
 from sim.scenario.config import scenario_from_dict
 from sim.study.executors import run_tasks
 from sim.study.sweep import add_parallel_args, load_sweep_base, parse_value, set_field, write_table
@@ -154,6 +155,8 @@ def _list_arg(values, cast, flag: str):
 def cmd_capacity(args) -> int:
     base, source, name = load_sweep_base(args.scenario, args.set)
     scn = scenario_from_dict(base, source=source)
+    if args.out:
+        output_dir(args.out, create=False)      # fail before the search, not after
     policies = _list_arg(args.policy, str, "--policy") or [scn.policy.get("name")]
     seeds = _list_arg(args.seeds, int, "--seeds") or [scn.seed]
     if args.tol < 0 or args.abs_tol < 0 or not (args.tol > 0 or args.abs_tol > 0):
@@ -169,8 +172,7 @@ def cmd_capacity(args) -> int:
         print(table.drop(columns=["metric"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
         print(per_policy.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    out = Path(args.out or Path("out") / "capacity" / name)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args.out or Path("out") / "capacity" / name)
     write_table(table, out / "capacity.csv")
     write_table(ev, out / "evaluations.csv")
     write_table(per_policy, out / "per_policy.csv")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from costmodels.errors import UserError
+from sim.paths import output_dir
 from sim.scenario.config import load_scenario, scenario_from_dict
 
 
@@ -130,6 +131,8 @@ class Planner:
 
 def cmd_plan(args) -> int:
     scn = load_scenario(args.scenario, args.set)
+    if args.out:
+        output_dir(args.out, create=False)      # fail before the search, not after
     raw = scn.to_dict()
     seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [scn.seed]
     planner = Planner(raw, str(args.scenario), args.rate, args.slo_attainment, seeds, args.metric,
@@ -147,8 +150,7 @@ def cmd_plan(args) -> int:
     else:
         print(f"plan: {ans['note']}")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = output_dir(args.out)
         evals.to_csv(out / "evaluations.csv", index=False)
         (out / "plan.json").write_text(json.dumps(ans, indent=1))
         print(f"wrote {out / 'plan.json'}, {out / 'evaluations.csv'}")

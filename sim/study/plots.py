@@ -27,8 +27,9 @@ def pyplot():
 
 def save_figure(fig, stem, formats=FORMATS) -> list:
     """Write `stem.png` and `stem.svg` (or the given formats); returns the paths."""
+    from sim.paths import output_dir
     stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    output_dir(stem.parent, "--out")
     paths = []
     for fmt in formats:
         p = stem.parent / f"{stem.name}.{fmt}"          # not with_suffix: names may contain dots

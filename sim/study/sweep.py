@@ -410,7 +410,8 @@ def add_parallel_args(p) -> None:
 
 def cmd_sweep(args) -> int:
     spec = load_sweep(args.sweep, args.grid, args.set)
-    out = Path(args.out or Path("out") / "sweeps" / spec.name)
+    from sim.paths import output_dir
+    out = output_dir(args.out or Path("out") / "sweeps" / spec.name)
     if args.jobs < 1:
         raise UserError(f"--jobs: must be >= 1, got {args.jobs}")
     n = math.prod(len(a.values) for a in spec.axes)

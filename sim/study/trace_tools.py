@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodels.errors import UserError
+from sim.paths import output_file
 
 
 def _columns(pairs) -> dict | None:
@@ -66,8 +67,7 @@ def cmd_make(args) -> int:
     if "prefix" in df:         # segments as KEY:TOKENS items (traces/prefix.py), read back by format servesim
         from traces.prefix import format_prefix
         df["prefix"] = [format_prefix(p) for p in df["prefix"]]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_file(args.out, "-o")
     df.to_csv(out, index=False, float_format="%.6f")
     st = trace_stats(df)
     print(f"wrote {out}: {st['requests']} requests over {st['duration_s']:.4g} s "

@@ -23,7 +23,7 @@ import numpy as np
 
 from costmodels.catalog import get_model, model_by_hf_id
 from costmodels.errors import UserError
-from sim.paths import shared_data_dir
+from sim.paths import output_file, shared_data_dir
 
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
 MEAN_METRICS = ("e2e_mean", "ttft_mean", "itl_mean")
@@ -242,11 +242,12 @@ def format_report(result) -> str:
 
 def cmd_validate(args) -> int:
     only = [x.strip() for x in args.only.split(",")] if args.only else None
+    if args.out:
+        output_file(args.out)       # fail before the runs, not after
     result = run_validation(args.data, only, args.overheads, args.jobs, args.kv)
     print(format_report(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        output_file(args.out).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")
     return 0
 
