@@ -89,3 +89,38 @@ def test_library_plots_keep_a_backend_the_user_chose():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     assert out == "svg"
+
+
+def _many_policies(n):
+    return pd.DataFrame([{"status": "ok", "policy": f"p{i:02d}", "seed": 0, "workload.rate": r,
+                          "ttft_p99": (i + 1) * r} for i in range(n) for r in (1, 2)])
+
+
+@pytest.mark.parametrize("n", [3, 12, 20, 35])
+def test_every_series_has_its_own_look_units_title_and_a_legend_off_the_data(n):
+    fig = plot_metric(_many_policies(n), "workload.rate", "ttft_p99")
+    ax = fig.axes[0]
+    lines = [l for l in ax.get_lines() if l.get_label().startswith("p")]
+    looks = {(tuple(np.round(l.get_color(), 3)) if not isinstance(l.get_color(), str) else l.get_color(),
+              l.get_marker(), l.get_linestyle()) for l in lines}
+    assert len(lines) == n and len(looks) == n               # no two series drawn alike
+    if n <= 20:                                              # colours alone tell up to 20 series apart
+        assert len({tuple(np.round(l.get_color(), 3)) for l in lines}) == n
+    assert ax.get_xlabel() == "request rate (req/s)" and ax.get_ylabel() == "ttft_p99 (s)"
+    assert ax.get_title()
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1            # right of the axes: it covers no data
+
+
+def test_attainment_marks_a_curve_that_rises_again_with_load():
+    df = pd.DataFrame({"status": "ok", "policy": "vllm", "seed": 0, "workload.rate": [1, 2, 3, 4],
+                       "slo_attainment": [1.0, 0.7, 0.9, 0.2]})
+    fig = plot_attainment(df, "workload.rate")
+    ax = fig.axes[0]
+    marked = [c for c in ax.collections if len(c.get_offsets()) and c.get_edgecolor().size]
+    assert [tuple(o) for c in marked for o in c.get_offsets()] == [(3.0, 0.9)]
+    assert any("not monotone" in t.get_text() for t in ax.texts)
+    monotone = df.assign(slo_attainment=[1.0, 0.9, 0.7, 0.2])
+    ax = plot_attainment(monotone, "workload.rate").axes[0]
+    assert not any("not monotone" in t.get_text() for t in ax.texts)

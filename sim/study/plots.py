@@ -86,6 +86,38 @@ def _need_columns(df, cols, what):
         raise UserError(f"{what}: no column(s) {', '.join(missing)}; have: {', '.join(map(str, df.columns))}")
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "8", "h", "p")   # "*" marks capacities
+LINESTYLES = ("-", "--", "-.", ":")
+AXIS_NAMES = {"workload.rate": ("request rate", "req/s"), "rate": ("request rate", "req/s"),
+              "memory.M": ("KV capacity M", "tokens"), "M": ("KV capacity M", "tokens")}
+
+
+def series_style(i: int, n: int) -> dict:
+    """Colour, marker and line style of series i of n, all distinct up to 20 series and the (colour, marker,
+    line) triple distinct for any n: colours from a perceptually spaced map rather than a 10-colour cycle."""
+    import matplotlib
+    cmap = matplotlib.colormaps["tab20" if n <= 20 else "turbo"]
+    colour = cmap(i % 20) if n <= 20 else cmap(i / max(n - 1, 1))
+    return {"color": colour, "marker": MARKERS[i % len(MARKERS)],
+            "ls": LINESTYLES[(i // len(MARKERS)) % len(LINESTYLES)]}
+
+
+def axis_label(name: str) -> str:
+    """A column or scenario field as an axis label with its unit, e.g. `ttft_p99 (s)`, `request rate (req/s)`."""
+    from sim.metrics.glossary import unit
+    if name in AXIS_NAMES:
+        what, u = AXIS_NAMES[name]
+        return f"{what} ({u})"
+    u = unit(name) or unit(name.removesuffix("_s")) or ("s" if name.endswith("_s") else "")
+    return f"{name} ({u})" if u else name
+
+
+def _legend_outside(ax, n: int) -> None:
+    """The legend to the right of the axes, so it never covers data; two columns past 15 series."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False,
+              ncol=2 if n > 15 else 1)
+
+
 def _label(keys, values) -> str:
     values = values if isinstance(values, tuple) else (values,)
     return ", ".join(f"{v}" if k == "policy" else f"{k}={v}" for k, v in zip(keys, values))
@@ -101,23 +133,41 @@ def plot_metric(df: pd.DataFrame, x: str, y: str, hue=("policy",), ax=None, logx
         df = df[df["status"] == "ok"]
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6, 4))
-    groups = df.groupby(hue, sort=False) if hue else [((), df)]
-    for key, g in groups:
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+    groups = list(df.groupby(hue, sort=False)) if hue else [((), df)]
+    for i, (key, g) in enumerate(groups):
         stats = g.groupby(x)[y].agg(["mean", "min", "max", "count"]).sort_index()
-        line, = ax.plot(stats.index, stats["mean"], marker="o", ms=3, label=_label(hue, key) if hue else y)
+        style = series_style(i, len(groups))
+        line, = ax.plot(stats.index, stats["mean"], ms=4, lw=1.3, label=_label(hue, key) if hue else y, **style)
         if (stats["count"] > 1).any():
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.2, lw=0)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
+    ax.set_title(f"{y} vs {x}" + (f" by {', '.join(hue)}" if hue else "") + (" (band: min–max over seeds)" if
+                 (df.groupby([*hue, x])[y].count() > 1).any() else ""), fontsize=9)
     if logx:
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     if hue:
-        ax.legend(fontsize=7)
+        _legend_outside(ax, len(groups))
     return fig or ax.figure
+
+
+def non_monotone_steps(df: pd.DataFrame, x: str, y: str, hue) -> dict:
+    """Per series, the x values where the mean y rises again after falling (attainment should only fall with
+    load): {label: [x, ...]}. A capacity search assumes monotonicity; past such a point its answer is the first
+    crossing, and a higher rate may pass again."""
+    out = {}
+    groups = df.groupby(hue, sort=False) if hue else [((), df)]
+    for key, g in groups:
+        s = g.groupby(x)[y].mean().sort_index()
+        v = s.to_numpy(float)
+        bumps = [s.index[i] for i in range(1, len(v)) if v[i] > v[i - 1] + 1e-9]
+        if bumps:
+            out[_label(hue, key) if hue else y] = bumps
+    return out
 
 
 def plot_attainment(df: pd.DataFrame, x: str, y: str = "slo_attainment", capacity: pd.DataFrame | None = None,
@@ -125,8 +175,17 @@ def plot_attainment(df: pd.DataFrame, x: str, y: str = "slo_attainment", capacit
     """SLO attainment vs rate per policy (seed bands), the target as a dashed line, each capacity point marked."""
     fig = plot_metric(df, x, y, hue=hue)
     ax = fig.axes[0]
-    colors = {t.get_text(): h.get_color() for h, t in zip(ax.get_legend().legend_handles, ax.get_legend().texts)} \
-        if ax.get_legend() else {}
+    colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    hue_cols = [h for h in hue if h != x]
+    bumps = non_monotone_steps(df[df["status"] == "ok"] if "status" in df else df, x, y, hue_cols)
+    for label, xs in bumps.items():
+        g = df if not hue_cols else df[[_label(hue_cols, k if isinstance(k, tuple) else (k,)) == label
+                                        for k in zip(*(df[h] for h in hue_cols))]]
+        ys = g.groupby(x)[y].mean()
+        ax.scatter(xs, [ys[v] for v in xs], s=90, facecolors="none", edgecolors="red", lw=1.2, zorder=6)
+    if bumps:
+        ax.text(0.01, 0.01, "red circles: attainment rises again with load (not monotone); a capacity is the "
+                "first crossing", transform=ax.transAxes, fontsize=7, color="red", va="bottom")
     if target is None and capacity is not None and "target_attainment" in capacity:
         target = float(capacity["target_attainment"].iloc[0])
     if target is not None:
@@ -140,7 +199,8 @@ def plot_attainment(df: pd.DataFrame, x: str, y: str = "slo_attainment", capacit
                     color=colors.get(str(pol), "k"), zorder=5)
             ax.annotate(f"{c:.3g}", (c, target or 0), textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7)
+    ax.set_title(f"SLO attainment vs {x}" + (" with capacity (star)" if capacity is not None else ""), fontsize=9)
+    _legend_outside(ax, len(ax.get_lines()))
     return fig
 
 
@@ -155,15 +215,18 @@ def plot_cdfs(tables: dict, metrics=("ttft_s", "tbt_p99_s", "e2e_s")):
     plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     for ax, m in zip(axes[0], metrics):
-        for label, req in tables.items():
+        for i, (label, req) in enumerate(tables.items()):
             _need_columns(req, [m], f"cdf of {label}")
             v = np.sort(req[m].dropna().to_numpy(float))
+            style = series_style(i, len(tables))
             if len(v):
-                ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
-        ax.set_xlabel(m)
+                ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label, color=style["color"],
+                        ls=LINESTYLES[i % len(LINESTYLES)])
+        ax.set_xlabel(axis_label(m))
         ax.set_ylabel("fraction of requests")
+        ax.set_title(f"CDF of {m}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    _legend_outside(axes[0][-1], len(tables))
     return fig
 
 
