@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/servesim run examples/infermax-default.yaml --out out/demo
+	@echo
+	@echo "next: source .venv/bin/activate   (puts servesim on your PATH; README, 'Next steps after make demo')"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -6,7 +6,10 @@ Cases (each runs in its own process so peak RSS and whole-process time are clean
   million  1,000,000 Poisson requests with conv-like log-normal lengths, per-iteration records off
   offline  (opt-in) 1,024 requests at t=0, 128 prompt / 1,024 output tokens, M = 1.2M: a decode-heavy run
 
-Reference (the issue, Vidur on this machine class, conv trace): Sarathi 51 s loop / 60 s process, vLLM 50 s / 58 s.
+  cli      the whole `servesim run examples/azure-conv.yaml --out DIR` process (imports, run, CSV tables),
+           repeated; the median and range are printed
+
+Figures are this host's only; no ratio to another tool is printed (that needs the other tool timed side by side).
 
   PYTHONPATH=. python benchmarks/speed.py                       # azure + poisson × vllm, sarathi, vllm-v1; million × sarathi
   PYTHONPATH=. python benchmarks/speed.py --cases azure --presets sarathi --compare   # also the plain loop
@@ -25,7 +28,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CONV_CSV = "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
-VIDUR_REFERENCE = {"sarathi": {"loop_s": 51.0, "process_s": 60.0}, "vllm": {"loop_s": 50.0, "process_s": 58.0}}
 # Log-normal fit of the conv trace's lengths (mean/std of ln tokens): prompts 6.633/0.985, outputs 5.019/0.859.
 CONV_LOGNORMAL = {"prompt": (6.633, 0.985, 2, 14050), "output": (5.019, 0.859, 7, 1000)}
 MILLION_RATE = 4.0   # requests/s: below the A100's sustained rate for conv-like lengths, so the queue stays bounded
@@ -125,7 +127,9 @@ def spawn(case: dict, timeout_s: float) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="azure,poisson,million", help="comma list of azure, poisson, million")
+    ap.add_argument("--cases", default="azure,poisson,million,cli",
+                    help="comma list of azure, poisson, million, offline, cli")
+    ap.add_argument("--cli-repeats", type=int, default=7, help="runs of the whole CLI process (case cli)")
     ap.add_argument("--presets", default="vllm,sarathi,vllm-v1", help="presets for azure and poisson")
     ap.add_argument("--million-preset", default="sarathi")
     ap.add_argument("--million-n", type=int, default=1_000_000)
@@ -149,27 +153,44 @@ def main(argv=None) -> int:
                           record_iterations=False))
     results = []
     print(f"{'workload':<8} {'preset':<8} {'ff':<3} {'requests':>9} {'iters':>9} {'ff_iters':>9} {'sim_s':>7} "
-          f"{'cpu_s':>7} {'proc_s':>7} {'req/s':>9} {'iter/s':>9} {'RSS_MB':>7}  vs Vidur loop")
+          f"{'cpu_s':>7} {'proc_s':>7} {'req/s':>9} {'iter/s':>9} {'RSS_MB':>7}")
     for case in cases:
         r = spawn(case, args.timeout)
         results.append(r)
         if "error" in r:
             print(f"{case['workload']:<8} {case['preset']:<8} {str(case['fast_forward'])[0]:<3} error: {r['error']}")
             continue
-        ref = VIDUR_REFERENCE.get(case["preset"]) if case["workload"] == "azure" else None
-        vs = f"{ref['loop_s'] / r['sim_s']:.1f}x" if ref else ""
         print(f"{r['workload']:<8} {r['preset']:<8} {str(r['fast_forward'])[0]:<3} {r['requests']:>9} "
               f"{r['iterations']:>9} {r['fast_forwarded_iterations']:>9} {r['sim_s']:>7.2f} {r['sim_cpu_s']:>7.2f} "
               f"{r['process_s']:>7.2f} "
-              f"{r['requests_per_s']:>9.0f} {r['iterations_per_s']:>9.0f} {r['peak_rss_mb']:>7.0f}  {vs}", flush=True)
+              f"{r['requests_per_s']:>9.0f} {r['iterations_per_s']:>9.0f} {r['peak_rss_mb']:>7.0f}", flush=True)
+    cli = cli_process_times(args.cli_repeats) if "cli" in wanted else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     out.write_text(json.dumps({"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                           "loadavg_at_end": load}, "vidur_reference": VIDUR_REFERENCE,
-                               "results": results}, indent=1))
+                                           "loadavg_at_end": load},
+                               "results": results, "cli": cli}, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def cli_process_times(repeats: int) -> dict:
+    """Wall time of the whole `servesim run examples/azure-conv.yaml --out DIR` process, `repeats` times."""
+    import statistics
+    import tempfile
+    times = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "sim.cli", "run", "examples/azure-conv.yaml", "--out", tmp],
+                           cwd=REPO, check=True, capture_output=True)
+            times.append(time.perf_counter() - t0)
+    out = {"command": "servesim run examples/azure-conv.yaml --out DIR", "repeats": repeats, "times_s": times,
+           "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+    print(f"cli      whole process: median {out['median_s']:.2f} s (min {out['min_s']:.2f}, max {out['max_s']:.2f}) "
+          f"over {repeats} runs", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """User mistakes get one clear line naming the field/row and what is allowed; never a traceback or a hang."""
+from pathlib import Path
 import re
 import subprocess
 import sys
@@ -133,3 +134,13 @@ def test_a_policy_that_never_schedules_ends_with_a_clear_stuck_error():
 def test_unknown_dequant_mode_is_one_line():
     with pytest.raises(UserError, match=r"costmodel.dequant: 'slow' is not allowed; allowed: fused, separate"):
         _run({"costmodel": {"kind": "linear", "dequant": "slow"}})
+
+
+def test_every_summary_column_has_a_unit_and_a_readme_glossary_row():
+    from sim.cluster.runner import run_scenario
+    from sim.metrics.glossary import GLOSSARY, unit
+    from sim.scenario.config import load_scenario
+    res = run_scenario(load_scenario("examples/azure-conv-shape.yaml", ["workload.num_requests=40"]))
+    assert [k for k in res.summary if not unit(k) and not k.startswith("policy_")] == []
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert [k for k in GLOSSARY if f"| `{k}` |" not in readme] == []

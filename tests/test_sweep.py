@@ -217,3 +217,51 @@ def test_cli_sweep_and_sweep_files(tmp_path, capsys):
     from policies import POLICIES
     from policies.unified import UnifiedScheduler
     assert set(conv.axes[1].values) == {n for n, (cls, _, _) in POLICIES.items() if cls is UnifiedScheduler}
+
+
+def _descendants(pid):
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+            except OSError:
+                pass
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc to find the worker processes")
+def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
+    # long points (200k requests each) so the workers are mid-simulation when the sweep's process is killed
+    cmd = [sys.executable, "-m", "sim.cli", "sweep", "examples/poisson-10k.yaml", "--grid", "seed=0,1,2",
+           "--set", "workload.num_requests=200000", "--set", "sim.record_iterations=false", "--jobs", "2",
+           "--out", str(tmp_path / "sweep"), "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers, t0 = [], time.time()
+    while len(workers) < 3 and time.time() - t0 < 60:     # the forkserver and two workers
+        time.sleep(0.2)
+        workers = _descendants(proc.pid)
+    assert len(workers) >= 3
+    proc.kill()
+    proc.wait()
+    t0 = time.time()
+    while any(_running(p) for p in workers) and time.time() - t0 < 15:
+        time.sleep(0.2)
+    left = [p for p in workers if _running(p)]
+    for p in left:                                         # do not leave them behind if the assertion fails
+        os.kill(p, 9)
+    assert not left

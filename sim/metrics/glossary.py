@@ -17,6 +17,12 @@ GLOSSARY = {
     "tbt_p99_p99": ("s", "each request's 99th-percentile gap between consecutive tokens, then the 99th percentile of "
                          "that over requests"),
     "e2e_mean": ("s", "end-to-end latency: arrival to the last token"),
+    "tbt_p99_mean": ("s", "each request's 99th-percentile gap between consecutive tokens, mean over requests"),
+    "normalized_latency_mean": ("s/token", "end-to-end latency divided by the request's output tokens"),
+    "queueing_mean": ("s", "arrival to the first time the request was scheduled"),
+    "generated_tokens": ("tokens", "output tokens generated over the run"),
+    "evicted_tokens": ("tokens", "KV tokens dropped by evictions (computed again later)"),
+    "truncated": ("flag", "1 if the run stopped at sim.max_iterations before every request finished"),
     "evictions": ("count", "preemptions that dropped KV (recomputed later)"),
     "swaps": ("count", "preemptions that moved KV to CPU memory"),
     "batch_size_mean": ("requests", "requests per iteration, mean over iterations"),

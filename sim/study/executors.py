@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from costmodels.errors import UserError
@@ -29,7 +32,8 @@ def _run_processes(tasks, jobs):
     # forkserver: a clean worker even when the parent holds threads (tqdm's monitor), unlike fork.
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                                       else "spawn")
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx, initializer=watch_parent,
+                               initargs=(os.getpid(),))
     try:
         # Keep at most 2*jobs tasks queued so that a Ctrl-C has little to cancel and memory stays flat.
         pending, it = {}, iter(tasks)
@@ -49,6 +53,33 @@ def _run_processes(tasks, jobs):
         pool.shutdown(wait=False, cancel_futures=True)     # interrupted: drop the queue, lose only runs in flight
         raise
     pool.shutdown(wait=True)
+
+
+PARENT_POLL_S = 1.0
+
+
+def watch_parent(parent_pid: int) -> None:
+    """Worker initializer: exit as soon as the sweep's own process is gone. A parent killed with SIGKILL or
+    SIGTERM runs no cleanup, and a worker in the middle of a long simulation would otherwise run it to the end
+    (and take the next queued task) as an orphan."""
+    def poll():
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if not _alive(parent_pid):
+                os._exit(1)
+    threading.Thread(target=poll, name="servesim-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):   # gone, or the pid now belongs to another user
+        return False
+    try:                                             # Linux: a killed parent not yet reaped is a zombie
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def dask_client(address: str, jobs: int):
