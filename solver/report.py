@@ -24,8 +24,11 @@ def format_result(res, inst, title: str = "") -> str:
              f"KV reads of decodes, per-batch biases), identical in solver and replay")
     L.append(f"backend: {res.backend} ({res.backend_reason})")
     sz = res.model_size
-    L.append(f"status: {res.status}; solve {res.solve_time_s:.2f} s; model {sz['variables']} variables "
-             f"({sz['integer_variables']} integer), {sz['constraints']} constraints; horizon J = {res.horizon}")
+    if res.backend == "search":
+        L.append(f"status: {res.status}; search {res.solve_time_s:.2f} s over multiset states (no MILP)")
+    else:
+        L.append(f"status: {res.status}; solve {res.solve_time_s:.2f} s; model {sz['variables']} variables "
+                 f"({sz['integer_variables']} integer), {sz['constraints']} constraints; horizon J = {res.horizon}")
     L.append(f"c²: {res.square}")
     if res.goal_s is not None:
         if res.schedule is not None and res.incumbent_s <= res.goal_s * (1 + 1e-9):
@@ -39,7 +42,9 @@ def format_result(res, inst, title: str = "") -> str:
         L.append(f"infeasible: no schedule finishes every request within J = {res.horizon} batches under these "
                  f"limits (raise solver.horizon or relax C/P/M/R_max)")
     label = "optimal value" if res.status == "optimal" else "best value found"
-    L.append(f"{label}: {_s(res.incumbent_s)}   bound: {_s(res.bound_s)}   gap: {_pct(res.gap)}")
+    L.append(f"{label}: {_s(res.incumbent_s)}   bound: {_s(res.bound_s)} ({res.bound_source or 'none'})   "
+             f"gap: {_pct(res.gap)}")
+    L.append(f"proven: {res.proven}")
     if res.schedule is not None:
         L.append(f"schedule: {len(res.schedule)} batches, {res.evictions} evictions; warm start: "
                  f"{res.warm_start or 'none'}; replay in the simulator: {_s(res.replay_value_s)} "

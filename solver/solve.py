@@ -12,6 +12,8 @@ from solver.replay import replay, run_policy
 from solver.schedule import InvalidSchedule, Schedule, Step, evaluate
 
 REPLAY_RTOL = 1e-6
+PROVEN_GAP = 1e-6            # a relative gap this small counts as proven optimal (the solvers' own tolerance)
+SEARCH_SHARE = 0.5           # backend auto: share of the time limit the exact search may use before the MILP
 MAX_CELLS = 20_000          # requests × batch slots beyond which the MILP is refused up front
 
 
@@ -48,6 +50,20 @@ class OptimalResult:
     goal_s: float | None = None
     notes: list = field(default_factory=list)
     solver_objective_s: float = math.nan
+    bound_source: str = ""         # which bound bound_s is: exact search, the MILP's, or the analytic one
+
+    @property
+    def proven(self) -> str:
+        """One line saying what is proven about the returned schedule."""
+        if self.goal_s is not None:
+            return "feasibility question (see goal)"
+        if not math.isfinite(self.incumbent_s):
+            return "no schedule"
+        if math.isfinite(self.gap) and self.gap <= PROVEN_GAP:
+            return f"proven optimal (by the {self.bound_source})"
+        if math.isfinite(self.gap):
+            return f"incumbent, within {100 * self.gap:.2f}% of optimal (the {self.bound_source} bound)"
+        return "incumbent, no bound"
 
     @property
     def evictions(self) -> int:
@@ -60,6 +76,7 @@ class OptimalResult:
 
     def summary(self) -> dict:
         return {"objective": self.objective, "backend": self.backend, "status": self.status,
+                "proven": self.proven, "bound_source": self.bound_source,
                 "incumbent_s": self.incumbent_s, "bound_s": self.bound_s, "gap": self.gap,
                 "solve_time_s": self.solve_time_s, "horizon": self.horizon, "evictions": self.evictions,
                 "square": self.square, "warm_start": self.warm_start, "replay_value_s": self.replay_value_s,
@@ -186,6 +203,31 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
             raise UserError("solver.goal_factor: needs at least one preset value to scale; none ran")
         goal_s = opt.goal_factor * min(p.value_s for p in ref)
         goal_ms = goal_s * 1e3
+    ok_presets = [p for p in presets if p.csp_valid and p.schedule is not None]
+    best_any = min(ok_presets, key=lambda p: p.value_s) if ok_presets else None
+    search_bound_s = math.nan
+    if goal_ms is None and opt.backend in ("auto", "search"):
+        from solver.search import applies, search
+        yes, why_search = applies(inst, auto=opt.backend == "auto")
+        if yes:
+            budget = opt.time_limit_s if opt.backend == "search" else SEARCH_SHARE * opt.time_limit_s
+            upper = best_any.value_s * 1e3 if best_any is not None else math.inf
+            sr = search(inst, upper_ms=upper, time_limit_s=budget)
+            notes.append(f"exact search: {sr.status} after {sr.expanded} states in {sr.time_s:.2f} s")
+            if sr.status == "optimal" or (sr.status == "no_better" and best_any is not None):
+                sched = sr.schedule if sr.status == "optimal" else best_any.schedule
+                return _finish(inst, presets, sched, "search", f"exact A* search ({why_search})", "optimal",
+                               sr.time_s, {}, "exact enumeration", 0, notes, "exact search", sr.bound_ms / 1e3,
+                               best_any.name if sr.status == "no_better" else "")
+            search_bound_s = sr.bound_ms / 1e3
+            if opt.backend == "search":
+                return _finish(inst, presets, best_any.schedule if best_any else None, "search",
+                               f"exact A* search ({why_search})", sr.status, sr.time_s, {}, "exact enumeration", 0,
+                               notes, "exact search", search_bound_s, best_any.name if best_any else "")
+        elif opt.backend == "search":
+            raise UserError(f"solver.backend: the exact search does not apply here: {why_search}; use auto or highs")
+        else:
+            notes.append(f"exact search skipped: {why_search}")
     safe = sufficient_horizon(inst, presets, goal_s)
     J = opt.horizon or (safe if safe is not None else default_horizon(inst, presets))
     if safe is not None and J >= safe:
@@ -201,7 +243,7 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     if opt.warm_start and best is not None and goal_ms is None:
         start = model.start_vector(evaluate(inst, best.schedule, J).values)
         warm = best.name
-    time_left = max(opt.time_limit_s - (time.perf_counter() - t_start), 0.1)
+    time_left = max(opt.time_limit_s - (time.perf_counter() - t_start), 1.0)
     try:
         br = BACKENDS[backend](model, opt, start, time_left, chunk_hints(inst))
     except BackendUnavailable as e:
@@ -229,16 +271,61 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
             sched, traj = best.schedule, seed_traj
     inc = traj.objective(inst, opt.objective) if traj is not None else math.nan
     bound = br.bound / 1e3 if math.isfinite(br.bound) else math.nan
+    source = f"{backend} MILP"
     if goal_ms is not None:
         bound = math.nan
     elif br.status == "optimal" and math.isfinite(inc):
         bound = min(bound, inc) if math.isfinite(bound) else inc
+    if goal_ms is None:
+        # the best of the bounds at hand, named: the MILP's, the exact search's (stopped early), the analytic one
+        for value, name in ((search_bound_s, "exact search (stopped early)"), (analytic_bound_s(inst), "analytic")):
+            if math.isfinite(value) and (not math.isfinite(bound) or value > bound):
+                bound, source = value, name
     gap = (inc - bound) / inc if math.isfinite(inc) and math.isfinite(bound) and inc > 0 else math.nan
     if math.isfinite(gap) and gap < 0:
         gap = 0.0
-    res = OptimalResult(opt.objective, backend, why, br.status, inc, bound, gap, br.time_s, model.size(),
+    status = "optimal" if math.isfinite(gap) and gap <= PROVEN_GAP and goal_ms is None else br.status
+    res = OptimalResult(opt.objective, backend, why, status, inc, bound, gap, br.time_s, model.size(),
                         br.square, J, sched, traj, presets, warm, goal_s=goal_s, notes=notes,
-                        solver_objective_s=(br.objective / 1e3 if math.isfinite(br.objective) else math.nan))
+                        solver_objective_s=(br.objective / 1e3 if math.isfinite(br.objective) else math.nan),
+                        bound_source=source)
+    _check_replay(inst, res)
+    return res
+
+
+def analytic_bound_s(inst) -> float:
+    """The analytic makespan bound (solver.bounds), for the makespan objective only."""
+    if inst.options.objective != "makespan":
+        return math.nan
+    from solver.bounds import makespan_bound_ms
+    return makespan_bound_ms(inst)[0] / 1e3
+
+
+def _finish(inst, presets, sched, backend, why, status, time_s, size, square, horizon, notes, source, bound_s,
+            warm) -> OptimalResult:
+    """A result from the exact search (or its bound with a preset's schedule)."""
+    opt = inst.options
+    traj = evaluate(inst, sched) if sched is not None else None
+    inc = traj.objective(inst, opt.objective) if traj is not None else math.nan
+    bound = max(bound_s, analytic_bound_s(inst)) if math.isfinite(analytic_bound_s(inst)) else bound_s
+    if status == "optimal":
+        bound = min(bound, inc)
+    elif math.isfinite(analytic_bound_s(inst)) and analytic_bound_s(inst) > bound_s:
+        source = "analytic"
+    gap = (inc - bound) / inc if math.isfinite(inc) and math.isfinite(bound) and inc > 0 else math.nan
+    gap = max(gap, 0.0) if math.isfinite(gap) else gap
+    res = OptimalResult(opt.objective, backend, why, status, inc, bound, gap, time_s,
+                        size or {"variables": 0, "integer_variables": 0, "constraints": 0, "nonzeros": 0,
+                                 "square_terms": 0},
+                        square, horizon or (len(sched) if sched else 0), sched, traj, presets, warm, notes=notes,
+                        bound_source=source)
+    _check_replay(inst, res)
+    return res
+
+
+def _check_replay(inst, res) -> None:
+    """Replay the returned schedule in the simulator; its objective must equal the solver's exactly."""
+    sched, traj, inc, notes, opt = res.schedule, res.trajectory, res.incumbent_s, res.notes, inst.options
     if sched is not None:
         sim = replay(inst, sched)
         res.replay_value_s = objective_from_sim(sim, opt.objective)
@@ -248,4 +335,3 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
                          f"{sim.summary['evictions']} evictions vs {traj.evictions}")
         if res.replay_rel_err > REPLAY_RTOL:
             notes.append(f"replay differs from the solver's value by {res.replay_rel_err:.2e} (relative)")
-    return res

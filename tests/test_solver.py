@@ -18,6 +18,7 @@ def cm():
 
 def inst_of(cm, prompt, output, M, arrival=None, **kw):
     kw.setdefault("time_limit_s", 20)
+    kw.setdefault("backend", "highs")          # the MILP's own tests; the exact search has tests_solver_search.py
     kw.setdefault("presets", ["vllm", "vllm-ef", "sarathi", "sarathi-ef"])
     return SolverInstance(list(prompt), list(output), list(arrival or [0.0] * len(prompt)), M,
                           SolverOptions(**kw), cm)

@@ -35,7 +35,9 @@ def greedy_gap(rate: float = 6.0, requests: int = 200, samples: int = 150, seed:
     """Replay knapsacks recorded in a loaded Apt-Serve run and solve each exactly (DP, solver/aptserve_knapsack.py):
     the distribution of optimum / greedy value over a sample of the memory-bound calls."""
     from solver.aptserve_knapsack import exact_knapsack, knapsack_value
-    scn = load_scenario(APT_EX, [f"workload.rate={rate}", f"workload.num_requests={requests}"])
+    # the paper's knapsack (Definition 1), which its greedy 2-approximates: every request offered in either cache
+    # type. The default variant keeps a running request's type, a restricted knapsack the DP does not model.
+    scn = load_scenario(APT_EX, ["policy.name=aptserve-code", f"workload.rate={rate}", f"workload.num_requests={requests}"])
     sim = build_simulation(scn)
     sim.policy.record_knapsacks = True
     sim.run()

@@ -203,8 +203,9 @@ def as13(s):
     return Outcome("optimum / greedy ≤ 2, ≈ 1", f"optimum / greedy: mean {mean:.3f}, max {worst:.2f} (per run: "
                    + ", ".join(f"{g['opt_over_greedy_max']:.2f}" for g in runs) + f"); exactly optimal in "
                    f"{100 * exact:.0f}% of {sum(g['sampled'] for g in runs)} memory-bound steps", worst <= 2 and mean < 1.1,
-                   note=f"runs of 150, 200 and 300 requests at {rate:g} req/s (the paper's 6 scaled by vLLM's knee); "
-                        "exact solution by DP over the block budget")
+                   note=f"runs of 150, 200 and 300 requests at {rate:g} req/s (the paper's 6 scaled by vLLM's knee) "
+                        "of the paper's knapsack (aptserve-code: every request offered in either cache type); exact "
+                        "solution by DP over the block budget")
 
 
 WHY: dict = {}   # qualitative reasons for disagreements (no typed-in numbers), filled after the runs
