@@ -15,23 +15,30 @@ SELECTED = [c for c in CLAIMS.values() if c.paper in PAPERS]
 NOT_MODELLED = {"AS-3", "AS-6", "AS-7", "BR-4", "BR-5", "BR-9", "ES-11", "ES-12", "ES-13", "ES-14", "ES-15"}
 # Directions that differ between the quick scale (fewer requests, every other rate) and the full one: tested at
 # the full scale only. The quick ShareGPT/Alpaca runs are too short to saturate EconoServe's baselines.
-FULL_ONLY = {"AS-2", "AS-9", "BR-12", "ES-1", "ES-2", "ES-5", "ES-6", "ES-10", "ES-18", "AL-1", "AL-6", "AL-7",
-             "AL-8"}
-# Directions our simulator does not reproduce at the full scale (the claims' why= say why).
+FULL_ONLY = {"AS-2", "AS-4", "BR-7", "BR-10", "ES-16", "AL-8"}
+# Directions our simulator does not reproduce (the claims' why= say why); claims that are untestable here (a tie
+# or saturation) skip themselves in the direction tests.
 KNOWN_DISAGREEMENTS = {
-    "AS-9": "hybrid ≥ KV-only holds but the gain does not grow with rate (+4.7 pp at 3 req/s, +4.0 pp at 6)",
-    "AS-12": "our Apt-Serve-S beats Sarathi but not Apt-Serve (4.00 vs 4.38 req/s at 90%)",
-    "BR-2": "our RR is slower than vLLM on RT normalized latency (BROS is lowest, as the paper says)",
+    "AS-4": "no gain at the stricter attainment target: memory binds only above that knee",
+    "AS-5": "as AS-4, against Sarathi and FastGen",
+    "AS-9": "the hybrid cache's gain over KV-only is negative once switches pay the recompute penalty",
+    "AS-10": "Apt-Serve's lead narrows as burstiness rises instead of widening",
+    "AS-12": "our Apt-Serve-S does not beat Apt-Serve",
     "BR-3": "BROS's BE throughput is above our RR's",
-    "BR-6": "BROS's RT latency rises 2.75x from 1.5 to 6 req/s on one A100",
-    "BR-12": "BROS's RT TPOT attainment (99.5%) is just below vLLM's (100%) under memory pressure",
-    "ES-3": "our Alpaca gain over vLLM is larger than the ShareGPT one",
-    "ES-6": "EconoServe's SSR is ~1% above the Oracle's, not 2–4% below",
+    "BR-6": "BROS's RT latency rises with the RT rate at TP 2",
+    "ES-1": "vLLM v0 with swapping sustains more load than our EconoServe in the paper's setup",
+    "ES-2": "EconoServe's JCT is higher than vLLM's (synced admission queues)",
+    "ES-3": "no gain on either dataset, so the gains cannot order as the paper's",
+    "ES-5": "EconoServe meets fewer deadlines than vLLM and Sarathi",
     "ES-7": "EconoServe's written-KV utilization is below vLLM's and Sarathi's",
-    "ES-10": "vLLM's KV utilization is about equal to Sarathi's, not +20%",
-    "ES-16": "JCT is lowest at 0% padding, not U-shaped",
+    "ES-8": "EconoServe's TBT is well above vLLM's",
+    "ES-9": "our baselines rarely over-allocate at these lengths",
+    "ES-10": "vLLM's KV utilization is about equal to Sarathi's",
+    "ES-18": "the unsynced variant beats the full system",
+    "ES-F17": "DistServe beats EconoServe on the same GPUs",
+    "ES-O6": "EconoServe's utilization is not above DistServe's",
+    "AL-8": "the proxy and retrieval predictors tie at the knee",
     "AL-10": "at a fixed offered rate below saturation every system completes the offered load (1.00x)",
-    "AL-11": "our Alpaca gain is larger than the ShareGPT one",
     "AL-13": "ALISE's normalized latency rises without a knee in the rate grid",
 }
 
@@ -57,4 +64,5 @@ def test_small_ratio_magnitudes_compare_the_excess_over_one():
     from sim.study.findings.registry import within_ratio
     assert not within_ratio(1.0, 1.73)            # no effect is not "1.73x better"
     assert within_ratio(1.5, 1.73) and not within_ratio(1.2, 1.73)
-    assert within_ratio(4.0, 4.9) and not within_ratio(1.5, 4.9)   # above 2x the ratio itself
+    assert not within_ratio(1.15, 2.3)            # 0.15 against 1.3: the effect, not the raw ratio
+    assert within_ratio(1.5, 1.9)                 # 0.5 against 0.9 is within the band

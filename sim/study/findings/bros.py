@@ -188,5 +188,10 @@ def br14(s):
                                "at this memory pressure") if len(ties) == 2 else "")
 
 
-WHY: dict = {}   # qualitative reasons for disagreements (no typed-in numbers), filled after the runs
+WHY = {   # qualitative reasons for disagreements; the figures are in each row's `ours`, from the run itself
+    "BR-3": "our BROS-RR alternates RT and BE iterations strictly and recomputes BE work on shortage, so it spends "
+            "BE capacity on thin RT iterations and refills; BROS's adaptive BE fill completes more BE work",
+    "BR-6": "at the higher RT rates the RT stream alone nears what two GPUs serve in this cost model, so BROS's RT "
+            "latency rises and its BE share shrinks with it",
+}
 attach_why(WHY)
