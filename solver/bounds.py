@@ -53,6 +53,9 @@ def makespan_bound_ms(inst) -> tuple[float, dict]:
     tokens = sum(inst.peak(i) for i in range(n))          # I0 + O − 1 processed tokens per request, at least
     later = sum(later_token_ms(T, inst.prompt[i], t) for i in range(n) for t in range(2, inst.output[i] + 1))
     squares = sum(inst.prompt)                             # Σ c² ≥ Σ c over each prompt's chunks
-    parts = {"batches": batches, "batch_ms": batches * T.base, "token_ms": T.tok * tokens, "later_ms": later,
-             "prefill_ms": T.pbase + T.sq * squares}
+    # every batch pays its fixed cost and at least the cheaper of the prefill and decode biases (it holds one or
+    # the other); some batch holds a prefill, so the prefill bias is paid at least once in full
+    per_batch = T.base + min(T.pbase, T.dbase)
+    parts = {"batches": batches, "batch_ms": batches * per_batch, "token_ms": T.tok * tokens, "later_ms": later,
+             "prefill_ms": T.pbase - min(T.pbase, T.dbase) + T.sq * squares}
     return sum(v for k, v in parts.items() if k != "batches"), parts

@@ -82,9 +82,9 @@ class _Problem:
         I0, O = self.classes[k]
         I, m, g = s
         left = O - g
-        cost = left * T.base
+        cost = left * (T.base + min(T.pbase, T.dbase))
         if m < I:                                   # still prefilling: the rest of I, then decodes
-            cost += (T.tok + T.sq) * (I - m) + T.pbase + T.tok * (left - 1)
+            cost += (T.tok + T.sq) * (I - m) + T.pbase - min(T.pbase, T.dbase) + T.tok * (left - 1)
             first_later = g + 2
         else:
             cost += T.tok * left
@@ -119,7 +119,9 @@ class _Problem:
             if not weights:
                 return 0.0
             batches = max(most, martello_toth_l2(weights, self.M))
-            return batches * T.base + T.tok * tokens + later + (T.pbase + T.sq * squares if prefill else 0.0)
+            low = min(T.pbase, T.dbase)
+            return (batches * (T.base + low) + T.tok * tokens + later
+                    + (T.pbase - low + T.sq * squares if prefill else 0.0))
         if self.objective == "sum_completion":
             return sum(self._own(k, s) for k, group in enumerate(state) for s in group)
         # mean TTFT: each request still without a token waits at least one batch holding its remaining prefill
