@@ -214,7 +214,7 @@ WHY = {   # qualitative reasons for disagreements; the figures are in each row's
             "target",
     "AS-5": "as for the vLLM comparison: the gain appears only once memory binds, above the stricter target's knee; "
             "our Sarathi and FastGen models share vLLM's memory limit there",
-    "AS-9": "hidden requests pay Eq. 5's recompute penalty when they switch type; with the switch-cost-aware rule the "
+    "AS-9": "hidden requests pay the paper's recompute penalty when they switch type; with the switch-cost-aware rule the "
             "knapsack keeps few of them, and the KV they save does not buy enough batch room at these rates to "
             "offset the recomputed prefixes",
     "AS-10": "bursty arrivals overload every system alike in our runs; Apt-Serve's lead is largest at Poisson "

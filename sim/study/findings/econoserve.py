@@ -240,10 +240,10 @@ def es19(s):
 
 
 WHY = {   # qualitative reasons for disagreements; the figures are in each row's `ours`, from the run itself
-    "ES-1": "in the paper's setup as we model it, vLLM v0 with swapping already keeps its batches full at these "
+    "ES-1": "in the paper's setup as we model it, the vLLM baseline (swapping) already keeps its batches full at these "
             "lengths, while synced generation-task admission holds finished prompts until their group completes; "
             "the queueing this adds outweighs the KV EconoServe saves, so its sustainable rate is lower",
-    "ES-2": "the same synced admission that lowers the sustainable rate (see ES-1) also lengthens job completion",
+    "ES-2": "the same synced admission that lowers the sustainable rate also lengthens job completion",
     "ES-3": "with no gain on either dataset the comparison of gains has no direction to test; the Alpaca loss is "
             "the smaller one",
     "ES-5": "requests wait in synced groups and meet their deadlines less often than under vLLM's and Sarathi's "
@@ -254,14 +254,13 @@ WHY = {   # qualitative reasons for disagreements; the figures are in each row's
     "ES-9": "our vLLM and Sarathi baselines preempt far less than the paper reports at these lengths and this KV "
             "size, so the over-allocation gap it describes is small here",
     "ES-10": "vLLM and Sarathi reach similar KV use in our runs; the paper's difference is not reproduced",
-    "ES-18": "removing synced admission alone raises the sustainable rate in our runs (see ES-4), so the "
+    "ES-18": "removing synced admission alone raises the sustainable rate in our runs, so the "
              "unsynced variant beats the full system; the other ablations order as the paper says",
     "ES-F17": "our DistServe preset gives the decode replicas enough GPUs for this load, while EconoServe on the "
               "same GPU count queues behind synced admission",
     "ES-O6": "in our disaggregated runs the decode replicas run busy and the prefill replicas idle, but EconoServe's "
-             "own utilization is not higher, for the reasons in ES-1",
+             "own utilization is not higher, for the same synced-admission queueing",
 }
-attach_why(WHY)
 
 
 # -- DistServe (cluster layer) -----------------------------------------------------------------------------------
@@ -342,3 +341,6 @@ def es_f12(s):
                    note=f"ShareGPT at {rate} req/s; DistServe {PAIRS_FIG12} prefill + {PAIRS_FIG12} decode GPUs, "
                         "EconoServe replicas behind least-outstanding-requests (the paper's shortest queue); "
                         "goodput = requests meeting EconoServe's JCT SLO per second")
+
+
+attach_why(WHY)   # after every claim of this module is registered (the DistServe ones come last)
