@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from costmodels.errors import UserError
+from costmodels.yamlfile import read_yaml
 
 
 @dataclass
@@ -98,11 +99,10 @@ class Overheads:
 def overhead_presets() -> dict:
     from pathlib import Path
 
-    import yaml
     path = Path(__file__).resolve().parent.parent / "profiles" / "overheads.yaml"
     if not path.exists():
         return {}
-    return (yaml.safe_load(path.read_text()) or {}).get("presets", {})
+    return read_yaml(path).get("presets", {})
 
 
 class CostModel:

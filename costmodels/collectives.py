@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from costmodels.yamlfile import read_yaml
 
 from costmodels.errors import UserError
 
@@ -40,7 +41,7 @@ def node_kind(gpu) -> str | None:
 def _fits() -> dict:
     if not FIT_PATH.exists():
         return {}
-    return yaml.safe_load(FIT_PATH.read_text()) or {}
+    return read_yaml(FIT_PATH)
 
 
 def two_line_time(params, nbytes):

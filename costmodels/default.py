@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from costmodels.base import register_costmodel, overhead_presets
 from costmodels.errors import UserError
+from costmodels.yamlfile import read_yaml
 
 
 def default_kind(model, gpu, tp: int = 1) -> str:
     """'profiled' when profiles/<gpu>/<model>-profiled.yaml exists and has rows for this tensor-parallel degree."""
     from costmodels.profiled import profiled_path
-    import yaml
     if model is None or gpu is None:
         return "linear"
     path = profiled_path(gpu.name, model.name)
     if not path.exists():
         return "roofline"
-    dense = (yaml.safe_load(path.read_text()) or {}).get("dense") or {}
+    dense = read_yaml(path).get("dense") or {}
     return "profiled" if str(tp) in {str(k) for k in dense} else "roofline"
 
 

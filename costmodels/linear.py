@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from costmodels.yamlfile import read_yaml
 
 from costmodels.base import BatchShape, CostModel, register_costmodel
 from costmodels.errors import UserError
@@ -152,7 +153,7 @@ class LinearCostModel(CostModel):
         path = Path(path)
         if not path.exists():
             raise UserError(f"costmodel.path: {path} does not exist")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = read_yaml(path)
         if "coefficients" not in d:
             raise UserError(f"{path}: no 'coefficients' mapping; expected keys {', '.join(COEFFS)}")
         return cls(d["coefficients"], layers=kw.pop("layers", d.get("layers", 32)),

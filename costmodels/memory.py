@@ -16,6 +16,7 @@ from pathlib import Path
 
 from costmodels.catalog import GiB, GPU, ModelSpec
 from costmodels.errors import UserError
+from costmodels.yamlfile import read_yaml
 
 PARAMS_FILE = Path(__file__).resolve().parent.parent / "profiles" / "vllm-memory.yaml"
 SAMPLER_BYTES_PER_LOGIT = 12       # fp32 logits, fp32 probabilities, one fp32 working copy
@@ -54,9 +55,8 @@ class MemoryBreakdown:
 
 @lru_cache(maxsize=1)
 def fitted_params() -> dict:
-    import yaml
     try:
-        spec = yaml.safe_load(PARAMS_FILE.read_text()) or {}
+        spec = read_yaml(PARAMS_FILE)
     except FileNotFoundError:
         spec = {}
     return {"non_torch_gib": float(spec.get("non_torch_gib", 1.0)),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from costmodels.yamlfile import read_yaml
 
 from costmodels.base import register_costmodel
 from costmodels.errors import UserError
@@ -133,7 +134,7 @@ class ProfiledCostModel(RooflineCostModel):
         path = Path(path)
         if not path.exists():
             raise UserError(f"costmodel.path: {path} does not exist")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = read_yaml(path)
         if not isinstance(d.get("dense"), dict) or "decode" not in d or "prefill" not in d:
             raise UserError(f"{path}: not a profiled cost model file (needs dense, decode, prefill); refit with "
                             "`servesim calibrate --kind profiled`")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from costmodels.yamlfile import read_yaml
 
 from costmodels.base import BatchShape, CostModel, register_costmodel
 from costmodels.errors import UserError
@@ -64,7 +65,7 @@ def load_efficiencies(family: str | None) -> tuple[dict, dict]:
     """(parameters, provenance) for a GPU family from the shipped file; the A100 ('ampere') fit for others."""
     if not EFFICIENCY_PATH.exists():
         return {}, {}
-    d = yaml.safe_load(EFFICIENCY_PATH.read_text()) or {}
+    d = read_yaml(EFFICIENCY_PATH)
     fams = d.get("families", {})
     entry = fams.get(family) or fams.get(d.get("default_family", "ampere")) or {}
     return dict(entry.get("params", {})), dict(entry.get("provenance", {}))
@@ -355,7 +356,7 @@ def _build_roofline(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel
         path = resolve_profile_path(spec["path"])
         if not path.exists():
             raise UserError(f"{where}.path: {path} does not exist")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = read_yaml(path)
         if "params" not in d:
             raise UserError(f"{path}: no 'params' mapping (a roofline v2 file); refit with `servesim calibrate "
                             "--kind roofline`")

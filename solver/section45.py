@@ -5,7 +5,7 @@ import math
 
 from costmodels.linear import LinearCostModel, default_profile_path
 from solver.instance import SolverInstance, SolverOptions
-from solver.solve import run_presets, solve
+from solver.solve import PresetRun, run_presets, solve
 
 O = B = 4   # the paper's §4.5 setup: four requests of four output tokens
 
@@ -29,11 +29,17 @@ def section45_point(I: int, time_limit_s: float = 30.0, backend: str = "auto", c
     cm = cm or paper_costmodel()
     M = section45_memory(I)
     row = {"I": I, "M": M}
+    found = None                      # the evictions-allowed solve's schedule, when it evicts nothing
     for evict in (True, False):
         opt = SolverOptions(evictions=evict, time_limit_s=time_limit_s, backend=backend)
         inst = SolverInstance([I] * B, [O] * B, [0.0] * B, M, opt, cm)
         presets = run_presets(inst, opt.presets)
+        if found is not None:         # a schedule without evictions is one of the eviction-free problem's: a seed
+            presets = presets + [PresetRun("csp (evictions allowed)", found.incumbent_s, len(found.schedule), 0,
+                                           found.schedule, True)]
         r = solve(inst, presets)
+        if evict and r.schedule is not None and r.evictions == 0:
+            found = r
         row["evict" if evict else "ef"] = {
             "value_s": r.incumbent_s, "bound_s": r.bound_s, "gap": r.gap, "status": r.status,
             "evictions": r.evictions, "batches": len(r.schedule) if r.schedule else None,
@@ -43,6 +49,10 @@ def section45_point(I: int, time_limit_s: float = 30.0, backend: str = "auto", c
             row["presets"] = {p.name: p.value_s for p in presets}
             row["preset_evictions"] = {p.name: p.evictions for p in presets}
     ev, ef = row["evict"], row["ef"]
+    if ef["value_s"] < ev["value_s"]:
+        # every eviction-free schedule is allowed when evictions are: the better one is the incumbent for both
+        ev.update(value_s=ef["value_s"], evictions=0, batches=ef["batches"],
+                  gap=(ef["value_s"] - ev["bound_s"]) / ef["value_s"])
     row["saved_vs_ef_opt"] = 1 - ev["value_s"] / ef["value_s"]
     row["saved_vs_ef_bound"] = 1 - ev["value_s"] / ef["bound_s"] if ef["bound_s"] > 0 else math.nan
     evicting = {k: v for k, v in row["presets"].items() if row["preset_evictions"][k] > 0}

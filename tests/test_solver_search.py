@@ -153,3 +153,11 @@ def test_every_result_says_what_is_proven(cm, capsys):
     rc = main(["optimal", "examples/optimal-infermax-4.5.yaml", "--time-limit", "5"])
     out = capsys.readouterr().out
     assert rc == 0 and "proven: " in out and "bound: " in out
+
+
+def test_section45_point_never_reports_evictions_allowed_worse_than_eviction_free(cm):
+    from solver.section45 import section45_point
+    row = section45_point(8, time_limit_s=20, cm=cm)
+    assert row["evict"]["status"] == row["ef"]["status"] == "optimal"       # both proven by the search
+    assert row["evict"]["value_s"] <= row["ef"]["value_s"] * (1 + 1e-12)   # a restriction cannot be cheaper
+    assert row["evict"]["evictions"] == 2 and row["saved_vs_ef_opt"] > 0.1
