@@ -58,3 +58,14 @@ def test_growth_by_recompute_past_the_watermark_is_dropped_mid_run():
     # one token less of prompt and B resumes within the limit: both complete
     res = _run(raw, {"arrival_s": [0.0, 0.001], "prompt_tokens": [2, 17], "output_tokens": [30, 20]})
     assert res.meta["infeasible_ids"] == [] and res.summary["completed"] == 2
+
+
+def test_a_mid_run_drop_on_a_replica_leaves_the_router_count_right():
+    # two replicas behind least-requests; each gets the pair that strands its second request after a preemption
+    raw = _raw({"name": "vllm-v0", "preemption_mode": "recompute"}, 40, watermark=0.3)
+    raw["cluster"] = {"replicas": 2, "router": "least_requests"}
+    res = _run(raw, {"arrival_s": [0.0, 0.0, 0.001, 0.001], "prompt_tokens": [2, 2, 18, 18],
+                     "output_tokens": [30, 30, 20, 20]})
+    assert res.summary["completed"] + len(res.meta["infeasible_ids"]) == 4
+    assert sorted(res.meta["infeasible_ids"]) == [2, 3]
+    assert all("after a preemption" in k for k in res.meta["infeasible_reasons"])

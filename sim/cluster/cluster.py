@@ -261,6 +261,7 @@ class Cluster:
                 mem.bind_requests(self.requests)
             h.sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
                 (lambda r, h=h: self._completed(h, r))
+            h.sim.on_drop = lambda r, h=h: self._completed(h, r)     # its load leaves the router's count too
             if self.pd:                              # one iteration at a time, earliest first (module doc)
                 h.sim.fast_forward = None
                 h.sim.exact_fast_paths = False

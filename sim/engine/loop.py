@@ -79,6 +79,7 @@ class Simulation:
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
         self.on_complete = None                 # cluster: called with each request as it completes
+        self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
 
@@ -426,6 +427,8 @@ class Simulation:
                     self.infeasible.append(r)
                     self.completed += 1
                     dropped.append(r)
+                    if self.on_drop is not None:
+                        self.on_drop(r)
         return bool(dropped)
 
     def _stuck_message(self, why):
