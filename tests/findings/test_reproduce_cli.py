@@ -47,11 +47,16 @@ def test_reproduce_update_reevaluates_only_the_named_claims(tmp_path, capsys):
     data = json.loads(js.read_text())
     for c in data["claims"]:
         c["ours"] = "stale value"              # mark both rows so we can tell carried-over from re-evaluated
+        if c["id"] == "FA1-1":                 # and one carried-over row untestable: the verdict must survive
+            c["verdict"], c["note"] = "untestable here", f"{c['note']} Untestable: all tied".strip()
     js.write_text(json.dumps(data))
     assert main(base + ["--claims", "F4.7-3", "--update"]) == 0
-    rows = {c["id"]: c for c in json.loads(js.read_text())["claims"]}
+    doc = json.loads(js.read_text())
+    rows = {c["id"]: c for c in doc["claims"]}
     assert set(rows) == {"FA1-1", "F4.7-3"}
     assert rows["FA1-1"]["ours"] == "stale value"           # carried over untouched
+    assert rows["FA1-1"]["verdict"] == "untestable here" and rows["FA1-1"]["note"].count("Untestable:") == 1
+    assert doc["tally"]["untestable"] == 1
     assert rows["F4.7-3"]["ours"] != "stale value"          # re-evaluated
     assert "Updated by `servesim reproduce --update` in" in md.read_text() and "F4.7-3 re-evaluated" in md.read_text()
     # a full-scale update of a quick report, or an update without --claims, is one clear line and exit 2

@@ -131,8 +131,12 @@ def merge_rows(rows: dict, scale, fresh) -> list:
             merged.append(done[cid])
         elif cid in rows:
             c = rows[cid]
+            note, untestable = c["note"], ""
+            if c.get("verdict") == UNTESTABLE:       # keep the verdict: the reason sits at the end of the note
+                note, _, untestable = note.rpartition(" Untestable: ") if " Untestable: " in note else \
+                    ("", "", note.removeprefix("Untestable: "))
             merged.append(Result(claim, Outcome(c["paper_value"], c["ours"], c["direction"], c["magnitude"],
-                                                c["note"]), scale.name))
+                                                note, untestable), scale.name))
     return merged
 
 
