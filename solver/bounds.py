@@ -59,3 +59,16 @@ def makespan_bound_ms(inst) -> tuple[float, dict]:
     parts = {"batches": batches, "batch_ms": batches * per_batch, "token_ms": T.tok * tokens, "later_ms": later,
              "prefill_ms": T.pbase - min(T.pbase, T.dbase) + T.sq * squares}
     return sum(v for k, v in parts.items() if k != "batches"), parts
+
+
+def decode_eviction_bound_ms(inst) -> float:
+    """A lower bound (ms) on the makespan of every schedule that evicts some request in its decode phase.
+
+    Such a request makes its next token by a refill that re-processes at least I0 + t − 2 tokens where the makespan
+    bound let the cheaper of that and a decode's KV read stand; so the bound rises by the cheapest such difference.
+    (An eviction during a prefill is never needed: dropping the chunks it wastes leaves a schedule no dearer.)
+    With the eviction-free optimum's bound B_ef, min(B_ef, this) bounds the evictions-allowed optimum."""
+    T = inst.terms
+    extra = min((T.tok * (inst.prompt[i] + t - 2) - later_token_ms(T, inst.prompt[i], t)
+                 for i in range(inst.n) for t in range(2, inst.output[i] + 1)), default=math.inf)
+    return makespan_bound_ms(inst)[0] + extra

@@ -161,3 +161,12 @@ def test_section45_point_never_reports_evictions_allowed_worse_than_eviction_fre
     assert row["evict"]["status"] == row["ef"]["status"] == "optimal"       # both proven by the search
     assert row["evict"]["value_s"] <= row["ef"]["value_s"] * (1 + 1e-12)   # a restriction cannot be cheaper
     assert row["evict"]["evictions"] == 2 and row["saved_vs_ef_opt"] > 0.1
+
+
+@pytest.mark.parametrize("prompt,output,M", [([2, 2, 2], [2, 2, 2], 4), ([3, 1], [2, 3], 4), ([4] * 4, [4] * 4, 8),
+                                             ([8] * 4, [4] * 4, 16), ([3, 3], [3, 3], 6)])
+def test_split_bound_eviction_free_or_a_decode_eviction_never_exceeds_the_optimum(cm, prompt, output, M):
+    from solver.bounds import decode_eviction_bound_ms
+    with_ev = search(make(cm, prompt, output, M)).value_ms
+    without = search(make(cm, prompt, output, M, evictions=False)).value_ms
+    assert min(without, decode_eviction_bound_ms(make(cm, prompt, output, M))) <= with_ev * (1 + 1e-12)
