@@ -7,8 +7,10 @@ objective here adds up over batches (makespan: the batch time; Σ completion: th
 unfinished; mean TTFT: × requests still without a token / n), so the cheapest path to the all-done state is the
 optimum. The heuristic is an admissible bound on what is left (solver.bounds); nodes whose f exceeds the best
 known schedule's value are cut. Dominance rules that keep it exact:
-  * (no rule on evictions: an eviction the batch does not need for memory can still pay, because a request
-    cannot be evicted in the batch that starts its refill, so "evict later" is not always available);
+  * only requests in their decode phase are evicted: an eviction mid-prefill only wastes the chunks before it, and
+    dropping those chunks (and the eviction) leaves a schedule no dearer under every objective, with every limit
+    looser. (Evictions the batch does not need for memory are kept: a request cannot be evicted in the batch that
+    starts its refill, so "evict later" is not always available — the exhaustive test caught that rule.)
   * requests of one class in one state take their actions in non-decreasing order (permutations are the same
     multiset successor).
 With an admissible heuristic and re-expansion of improved states, the first all-done state taken off the queue
@@ -142,7 +144,7 @@ class _Problem:
         options = []
         for k, (I, m, g) in flat:
             acts = [IDLE]
-            if self.evictions and m > 0:
+            if self.evictions and m >= I:           # decode phase only (module doc)
                 acts.append(EVICT)
             if m < I:                               # prefill: any chunk (whole prompt only without chunking)
                 hi = min(I - m, self.C, self.P)
