@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.results_io import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 CONV_CSV = "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
@@ -95,11 +96,7 @@ def main(argv=None) -> int:
         rec["process_s"] = round(time.perf_counter() - t0, 1)
         results[case] = rec
         print(case, json.dumps(rec))
-    results["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                          "processor": platform.processor() or platform.machine()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, results)
     return 0
 
 

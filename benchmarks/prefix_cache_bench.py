@@ -13,11 +13,11 @@ Each configuration runs in this process, best of --repeat runs; the ratio on/off
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.results_io import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 CONV_CSV = "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
@@ -79,11 +79,7 @@ def main(argv=None) -> int:
         print(f"{case:<7} off {r['off']['wall_s']:7.2f} s ({r['off']['iterations']} iterations)   on "
               f"{r['on']['wall_s']:7.2f} s ({r['on']['iterations']} iterations, hit rate "
               f"{r['on']['prefix_hit_rate']:.3f})   on/off {r['ratio_on_over_off']:.2f}x")
-    results["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                          "processor": platform.processor() or platform.machine()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, results)
     return 0
 
 

@@ -9,11 +9,11 @@ TP degree), which experiments the overheads and the memory reservations were fit
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.results_io import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,10 +37,7 @@ def main(argv=None) -> int:
         out[f"kv_{kv}"] = res
     mem = yaml.safe_load(PARAMS_FILE.read_text())
     out["memory_fit"] = mem.get("provenance", {})
-    out["machine"] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, out)
     return 0
 
 

@@ -379,11 +379,11 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
     return len(rows)
 
 
-def _write(out, rows):
+def _write(out, rows, fields=None):
     from pathlib import Path
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w = csv.DictWriter(fh, fieldnames=fields or FIELDS)
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -482,11 +482,5 @@ def run_collectives(out, gpus, device: str = "cuda", repeats: int = 20, timer=No
         if timer is None and too_many:
             raise UserError(f"profile --gpus: {', '.join(map(str, too_many))} GPUs asked, {visible} visible")
     rows = allreduce_rows(timer or torch_allreduce_timer(device), gpus, repeats=repeats)
-    from pathlib import Path
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=ALLREDUCE_FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    _write(out, rows, ALLREDUCE_FIELDS)
     return len(rows)
