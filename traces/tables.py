@@ -48,10 +48,6 @@ def check_text_file(p: Path) -> None:
             raise UserError(f"{p}:{line}: is not UTF-8 text (byte {e.start}); save the trace as UTF-8") from None
 
 
-def _line_of_offset_error(path: Path, e: UnicodeDecodeError) -> str:
-    return f"{path}: is not UTF-8 text ({e.reason} at byte {e.start}); save the trace as UTF-8"
-
-
 def _in_shared_data(path) -> Path | None:
     """`.../shared/data/X` also resolves inside the reference data folder wherever it lives
     ($SERVESIM_SHARED_DATA, or beside a checkout that is not the main one, e.g. a git worktree)."""
@@ -72,7 +68,8 @@ def read_raw(path: Path, fmt: str) -> tuple[pd.DataFrame, np.ndarray]:
             # diagnosed row by row below. keep_default_na=False: an empty cell is an error, not a NaN.
             df = pd.read_csv(path, skipinitialspace=True, keep_default_na=False, low_memory=False)
         except UnicodeDecodeError as e:
-            raise UserError(_line_of_offset_error(path, e)) from None
+            raise UserError(f"{path}: is not UTF-8 text ({e.reason} at byte {e.start}); save the trace as UTF-8") \
+                from None
         except pd.errors.EmptyDataError:
             raise UserError(f"{path}: is empty; a trace needs a header and at least one request") from None
         except pd.errors.ParserError as e:
@@ -82,16 +79,16 @@ def read_raw(path: Path, fmt: str) -> tuple[pd.DataFrame, np.ndarray]:
                                 f"columns") from None
             raise UserError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
         header, first = _first_rows(path)
-        if len(first) > len(header) or df.index.nlevels > 1 or not (
-                isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1):
-            # every row has more fields than the header: pandas would quietly turn the first ones into an index
+        if len(first) > len(header):
+            # every row has more fields than the header (pandas raises when only some have): pandas would quietly
+            # turn the first ones into an index
             raise UserError(f"{path}:2: {len(first)} fields, but the header has {len(header)} columns "
                             f"(a trailing comma, or a column without a name?)")
         df.columns = [str(c).strip() for c in df.columns]
         return df, _data_lines(path, len(df))
     if fmt == "jsonl":
         rows, lines = [], []
-        with open(path, encoding="utf-8", errors="strict") as f:
+        with open(path, encoding="utf-8") as f:
             for lineno, text in _utf8_lines(path, f):
                 if not text.strip():
                     continue
