@@ -54,7 +54,7 @@ class SolverOptions:
             raise UserError(f"{where}.goal_factor: must be >= 0, got {self.goal_factor}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchTimeTerms:
     """T(batch) in ms = tok·N + base·𝟙[non-empty] + sq·Σ_prefill c² + pbase·𝟙[prefill] + kv·K + dbase·𝟙[decode].
 

@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from solver.bounds import later_token_ms, martello_toth_l2
+from solver.bounds import later_token_ms, run_conflict_bound_ms
 from solver.schedule import Schedule, Step
 
 IDLE, EVICT = -1, 0          # actions; a positive action is the number of tokens processed
@@ -41,7 +41,7 @@ class SearchResult:
     notes: list = field(default_factory=list)
 
 
-AUTO_MAX_PREFILL = 96        # backend auto: Σ prompt tokens (chunk choices) up to which the search is tried first
+AUTO_MAX_PREFILL = 128       # backend auto: Σ prompt tokens (chunk choices) up to which the search is tried first
 
 
 def applies(inst, max_classes: int = 4, auto: bool = False) -> tuple[bool, str]:
@@ -103,27 +103,8 @@ class _Problem:
     def _h(self, state) -> float:
         T = self.T
         if self.objective == "makespan":
-            weights, most, tokens, later, prefill, squares = [], 0, 0, 0.0, False, 0
-            for k, group in enumerate(state):
-                I0, O = self.classes[k]
-                for I, m, g in group:
-                    most = max(most, O - g)
-                    weights += [I0 + t - 1 for t in range(g + 1, O + 1)]
-                    if m < I:
-                        tokens += (I - m) + (O - g - 1)
-                        squares += I - m
-                        prefill = True
-                        first_later = g + 2
-                    else:
-                        tokens += O - g
-                        first_later = g + 1
-                    later += sum(later_token_ms(T, I0, t) for t in range(max(first_later, 2), O + 1))
-            if not weights:
-                return 0.0
-            batches = max(most, martello_toth_l2(weights, self.M))
-            low = min(T.pbase, T.dbase)
-            return (batches * (T.base + low) + T.tok * tokens + later
-                    + (T.pbase - low + T.sq * squares if prefill else 0.0))
+            reqs = [(I0, O, I, m, g) for (I0, O), group in zip(self.classes, state) for I, m, g in group]
+            return run_conflict_bound_ms(T, self.M, reqs, self.chunked, self.evictions)
         if self.objective == "sum_completion":
             return sum(self._own(k, s) for k, group in enumerate(state) for s in group)
         # mean TTFT: each request still without a token waits at least one batch holding its remaining prefill

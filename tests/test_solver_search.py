@@ -34,68 +34,102 @@ def test_martello_toth_l2_by_hand():
     assert min_batches([8] * 4, [4] * 4, 16) == 2 + 12
 
 
-def exhaustive(inst) -> float:
-    """Dijkstra over labelled per-request states with every action combination and every eviction set: no
-    symmetry, no dominance rule. The optimum of the objective (ms)."""
+def _batches(inst, st):
+    """Every batch from labelled state `st` (no symmetry, no dominance rule, every eviction set): (cost, next)."""
     opt, T, n = inst.options, inst.terms, inst.n
-    start = tuple((inst.prompt[i], 0, 0) for i in range(n))
+    per = []
+    for i, (I, m, g) in enumerate(st):
+        acts = [None]
+        if g < inst.output[i]:
+            if opt.evictions and m > 0:
+                acts.append("e")
+            if m < I:
+                acts += [I - m] if not opt.chunked else list(range(1, I - m + 1))
+            else:
+                acts.append(1)
+        per.append(acts)
+    for combo in itertools.product(*per):
+        if not any(isinstance(a, int) for a in combo):
+            continue
+        n_tok = sq = kv = kv_total = running = p_tok = 0
+        has_pre = has_dec = False
+        nxt = []
+        for i, ((I, m, g), a) in enumerate(zip(st, combo)):
+            if a is None:
+                held = m if g < inst.output[i] else 0
+                kv_total += held
+                running += held > 0
+                nxt.append((I, m, g))
+            elif a == "e":
+                nxt.append((m + 1 if m >= I else I, 0, g))
+            else:
+                n_tok += a
+                kv_total += m + a
+                running += 1
+                if m >= I:
+                    has_dec, kv = True, kv + m + 1
+                    nxt.append((I, m + 1, g + 1))
+                else:
+                    has_pre, sq, p_tok = True, sq + a * a, p_tok + a
+                    nxt.append((I, m + a, g + (m + a == I)))
+        if n_tok > opt.C or p_tok > inst.P_eff or kv_total > inst.M or running > inst.R_eff:
+            continue
+        if has_pre and has_dec and not opt.hybrid:
+            continue
+        t = T.tok * n_tok + T.base + (T.sq * sq + T.pbase if has_pre else 0) + (T.kv * kv + T.dbase if has_dec else 0)
+        if opt.objective == "sum_completion":
+            t *= sum(1 for i in range(n) if st[i][2] < inst.output[i])
+        elif opt.objective == "mean_ttft":
+            t *= sum(1 for i in range(n) if st[i][2] == 0) / n
+        yield t, tuple(nxt)
+
+
+def _done(inst, st) -> bool:
+    return all(st[i][2] == inst.output[i] for i in range(inst.n))
+
+
+def exhaustive(inst) -> float:
+    """Dijkstra over labelled per-request states with every action combination: the optimum (ms)."""
+    start = tuple((inst.prompt[i], 0, 0) for i in range(inst.n))
     dist = {start: 0.0}
     heap = [(0.0, start)]
     while heap:
         d, st = heapq.heappop(heap)
         if d > dist[st] + 1e-12:
             continue
-        if all(st[i][2] == inst.output[i] for i in range(n)):
+        if _done(inst, st):
             return d
-        per = []
-        for i, (I, m, g) in enumerate(st):
-            acts = [None]
-            if g < inst.output[i]:
-                if opt.evictions and m > 0:
-                    acts.append("e")
-                if m < I:
-                    acts += [I - m] if not opt.chunked else list(range(1, I - m + 1))
-                else:
-                    acts.append(1)
-            per.append(acts)
-        for combo in itertools.product(*per):
-            if not any(isinstance(a, int) for a in combo):
-                continue
-            n_tok = sq = kv = kv_total = running = p_tok = 0
-            has_pre = has_dec = False
-            nxt = []
-            for i, ((I, m, g), a) in enumerate(zip(st, combo)):
-                if a is None:
-                    held = m if g < inst.output[i] else 0
-                    kv_total += held
-                    running += held > 0
-                    nxt.append((I, m, g))
-                elif a == "e":
-                    nxt.append((m + 1 if m >= I else I, 0, g))
-                else:
-                    n_tok += a
-                    kv_total += m + a
-                    running += 1
-                    if m >= I:
-                        has_dec, kv = True, kv + m + 1
-                        nxt.append((I, m + 1, g + 1))
-                    else:
-                        has_pre, sq, p_tok = True, sq + a * a, p_tok + a
-                        nxt.append((I, m + a, g + (m + a == I)))
-            if n_tok > opt.C or p_tok > inst.P_eff or kv_total > inst.M or running > inst.R_eff:
-                continue
-            if has_pre and has_dec and not opt.hybrid:
-                continue
-            t = T.tok * n_tok + T.base + (T.sq * sq + T.pbase if has_pre else 0) + (T.kv * kv + T.dbase if has_dec else 0)
-            if opt.objective == "sum_completion":
-                t *= sum(1 for i in range(n) if st[i][2] < inst.output[i])
-            elif opt.objective == "mean_ttft":
-                t *= sum(1 for i in range(n) if st[i][2] == 0) / n
-            nxt = tuple(nxt)
+        for t, nxt in _batches(inst, st):
             if d + t < dist.get(nxt, math.inf) - 1e-12:
                 dist[nxt] = d + t
                 heapq.heappush(heap, (d + t, nxt))
     return math.inf
+
+
+def cost_to_go(inst) -> dict:
+    """The exact least cost (ms) from every reachable labelled state to the end: Dijkstra on the reversed graph."""
+    start = tuple((inst.prompt[i], 0, 0) for i in range(inst.n))
+    rev, seen, stack = {}, {start}, [start]
+    while stack:
+        st = stack.pop()
+        if _done(inst, st):
+            continue
+        for t, nxt in _batches(inst, st):
+            rev.setdefault(nxt, []).append((t, st))
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    dist = {st: 0.0 for st in seen if _done(inst, st)}
+    heap = [(0.0, st) for st in dist]
+    while heap:
+        d, st = heapq.heappop(heap)
+        if d > dist[st] + 1e-12:
+            continue
+        for t, prev in rev.get(st, ()):
+            if d + t < dist.get(prev, math.inf) - 1e-12:
+                dist[prev] = d + t
+                heapq.heappush(heap, (d + t, prev))
+    return dist
 
 
 CASES = [
@@ -170,3 +204,48 @@ def test_split_bound_eviction_free_or_a_decode_eviction_never_exceeds_the_optimu
     with_ev = search(make(cm, prompt, output, M)).value_ms
     without = search(make(cm, prompt, output, M, evictions=False)).value_ms
     assert min(without, decode_eviction_bound_ms(make(cm, prompt, output, M))) <= with_ev * (1 + 1e-12)
+
+
+# Instances where the run-conflict bound is at work: prompts near M/2 (conflicting runs), two that fill M exactly
+# (a shared first-token batch, then an eviction), heterogeneous ones, each switch.
+RUN_CONFLICT_CASES = [
+    ([3, 3, 3], [3, 2, 2], 6, {}),
+    ([3, 3], [3, 3], 6, {"evictions": False}),
+    ([4, 2, 3], [2, 3, 2], 7, {}),
+    ([1, 3, 1], [3, 2, 1], 5, {"hybrid": False}),
+    ([3, 3, 1], [3, 3, 3], 8, {"hybrid": False}),
+    ([4, 4], [2, 3], 8, {"chunked": False}),
+    ([2, 4, 3], [3, 2, 2], 6, {"C": 3}),
+    ([4, 3, 2], [2, 2, 3], 7, {"evictions": False}),
+]
+
+
+@pytest.mark.parametrize("prompt,output,M,kw", RUN_CONFLICT_CASES)
+def test_run_conflict_bound_is_admissible_in_every_reachable_state(cm, prompt, output, M, kw):
+    """The bound the search uses as its heuristic never exceeds the exact cost to go, state by state; and it is
+    tight somewhere (it is not a bound of zero)."""
+    from solver.bounds import run_conflict_bound_ms
+    inst = make(cm, prompt, output, M, **kw)
+    opt = inst.options
+    tight = 0
+    for st, exact in cost_to_go(inst).items():
+        reqs = [(inst.prompt[i], inst.output[i], I, m, g) for i, (I, m, g) in enumerate(st) if g < inst.output[i]]
+        b = run_conflict_bound_ms(inst.terms, M, reqs, opt.chunked, opt.evictions)
+        assert b <= exact * (1 + 1e-9) + 1e-9, (st, b, exact)
+        tight += b >= exact * (1 - 1e-9)
+    assert tight > 0
+
+
+def test_run_conflict_bound_counts_the_batches_section45_needs(cm):
+    """§4.5 shape (four requests, prompt I, M = 2I): every pair of requests conflicts, so without evictions the
+    sixteen token events take sixteen batches (four prefill, twelve decode), where bin packing alone sees 14."""
+    from solver.bounds import run_conflict_bound_ms
+    I = 256
+    inst = make(cm, [I] * 4, [4] * 4, 2 * I, evictions=False)
+    T = inst.terms
+    b = run_conflict_bound_ms(T, 2 * I, [(I, 4, I, 0, 0)] * 4, evictions=False)
+    fixed = 12 * (T.base + T.dbase) + 4 * (T.base + T.pbase) + T.tok * 4 * (I + 3) + \
+        sum(min(T.kv * (I + t - 1), T.tok * (I + t - 2)) for t in (2, 3, 4)) * 4
+    chunks = T.sq * I * I * (1 + 1 / 2 + 1 / 3 + 1 / 4)     # the k-th prompt to finish has at most k carriers
+    assert b == pytest.approx(fixed + chunks, rel=1e-12)
+    assert min_batches([I] * 4, [4] * 4, 2 * I) == 14
