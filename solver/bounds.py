@@ -131,19 +131,17 @@ def run_conflict_bound_ms(T, M: int, reqs, chunked: bool = True, evictions: bool
     if not reqs:
         return 0.0
     lo = min(T.pbase, T.dbase)
-    weights, most, tokens, later, extras = [], 0, 0, 0.0, []
-    members = []                                         # (w, in decode phase, events left, remaining prefill)
-    for I0, O, I, m, g in reqs:
-        decode = m >= I
-        left = O - g
+    weights, most, tokens, later, extras, members = [], 0, 0, 0.0, [], []
+    for r in reqs:
+        w, left, tok, lat, ext, member = _request_terms(T, *r)
+        weights += w
         most = max(most, left)
-        weights += [I0 + t - 1 for t in range(g + 1, O + 1)]
-        first_later = g + 1 if decode else g + 2
-        tokens += left if decode else (I - m) + left - 1
-        later += sum(later_token_ms(T, I0, t) for t in range(max(first_later, 2), O + 1))
-        extras += [T.tok * (I0 + t - 2) - later_token_ms(T, I0, t) for t in range(max(first_later, 2), O + 1)]
-        members.append((m if decode else I, decode, left, 0 if decode else I - m))
-    L2 = max(most, martello_toth_l2(weights, M))
+        tokens += tok
+        later += lat
+        extras += ext
+        members.append(member)
+    weights.sort(reverse=True)
+    L2 = max(most, _packing(tuple(weights), M))
     extras.sort()
     if min_evictions > len(extras) or (min_evictions and not evictions):
         return math.inf                                  # no schedule of that kind exists
@@ -177,6 +175,25 @@ def run_conflict_bound_ms(T, M: int, reqs, chunked: bool = True, evictions: bool
             best = min(best, cost + spent + base)
         strongest = max(strongest, best)
     return strongest
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _request_terms(T, I0: int, O: int, I: int, m: int, g: int):
+    """One request's share of the bound: its token events' KV, events left, tokens it must still process, the
+    later-token term, each later token's refill extra, and (w, in decode phase, events left, remaining prefill)."""
+    decode = m >= I
+    left = O - g
+    first_later = max(g + 1 if decode else g + 2, 2)
+    weights = [I0 + t - 1 for t in range(g + 1, O + 1)]
+    tokens = left if decode else (I - m) + left - 1
+    later = sum(later_token_ms(T, I0, t) for t in range(first_later, O + 1))
+    extras = [T.tok * (I0 + t - 2) - later_token_ms(T, I0, t) for t in range(first_later, O + 1)]
+    return weights, left, tokens, later, extras, (m if decode else I, decode, left, 0 if decode else I - m)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _packing(weights: tuple, M: int) -> int:
+    return martello_toth_l2(weights, M)
 
 
 def _conflict_sets(members, M):

@@ -13,6 +13,12 @@ known schedule's value are cut. Dominance rules that keep it exact:
     starts its refill, so "evict later" is not always available — the exhaustive test caught that rule.)
   * requests of one class in one state take their actions in non-decreasing order (permutations are the same
     multiset successor).
+  * when C and P exceed M (so neither ever binds: every processed token lands in the batch's KV), a chunk is never
+    followed, in its prefill episode, by a chunk more than one token smaller: moving a token from the earlier
+    chunk to the later one lowers Σ c² and the KV held in between, and changes nothing else. So a non-final chunk
+    c leaves at least c − 1 tokens: c ≤ ⌊(R + 1)/2⌋ of the R left. The other way round, a chunk more than one
+    token above the episode's previous chunk needs a full batch (KV = M) since that chunk, or the token could move
+    earlier. A state remembers, per request mid-prefill, its last chunk and whether a full batch came since.
 With an admissible heuristic and re-expansion of improved states, the first all-done state taken off the queue
 is optimal, and the least f left in the queue is a valid lower bound when the search stops early."""
 from __future__ import annotations
@@ -42,6 +48,7 @@ class SearchResult:
 
 
 AUTO_MAX_PREFILL = 128       # backend auto: Σ prompt tokens (chunk choices) up to which the search is tried first
+AUTO_MAX_PREFILL_RULES = 256  # the same where the chunk-size rules apply (C, P > M): §4.5 I = 64 is proven in ~6 s
 
 
 def applies(inst, max_classes: int = 4, auto: bool = False) -> tuple[bool, str]:
@@ -53,8 +60,10 @@ def applies(inst, max_classes: int = 4, auto: bool = False) -> tuple[bool, str]:
     if len(classes) > max_classes:
         return False, f"{len(classes)} request classes (the search takes at most {max_classes})"
     chunks = sum(min(p, inst.P_eff) for p in inst.prompt) if inst.options.chunked else 0
-    if auto and chunks > AUTO_MAX_PREFILL:
-        return False, (f"{chunks} prompt tokens to chunk (auto tries the search up to {AUTO_MAX_PREFILL}; "
+    rules = inst.options.C > inst.M and inst.P_eff > inst.M
+    limit = AUTO_MAX_PREFILL_RULES if rules else AUTO_MAX_PREFILL
+    if auto and chunks > limit:
+        return False, (f"{chunks} prompt tokens to chunk (auto tries the search up to {limit}; "
                        f"--backend search forces it)")
     return True, f"{len(classes)} request class(es), offline"
 
@@ -66,6 +75,8 @@ class _Problem:
         self.T = inst.terms
         self.C, self.P, self.M, self.R = opt.C, inst.P_eff, inst.M, inst.R_eff
         self.chunked, self.hybrid, self.evictions = opt.chunked, opt.hybrid, opt.evictions
+        # a batch processes at most M tokens (each one lands in the KV), so C, P > M never bind (module doc)
+        self.balanced_chunks = self.C > self.M and self.P > self.M
         self.p_counts_decode = opt.p_counts_decode_tokens
         self.objective = opt.objective
         self.n = inst.n
@@ -74,7 +85,7 @@ class _Problem:
         self._h_memo: dict = {}
 
     def start(self):
-        return tuple(tuple(sorted((I0, 0, 0) for _ in self.members[(I0, O)])) for I0, O in self.classes)
+        return tuple(tuple(sorted((I0, 0, 0, 0, 0) for _ in self.members[(I0, O)])) for I0, O in self.classes)
 
     # -- heuristic --------------------------------------------------------------------------------------------
     def _own(self, k, s):
@@ -95,22 +106,24 @@ class _Problem:
         return cost
 
     def h(self, state) -> float:
-        v = self._h_memo.get(state)
+        # the bound reads (I, m, g) only: states that differ in their chunk-rule memory share one value
+        key = tuple(tuple(sorted(s[:3] for s in group)) for group in state) if self.balanced_chunks else state
+        v = self._h_memo.get(key)
         if v is None:
-            v = self._h_memo[state] = self._h(state)
+            v = self._h_memo[key] = self._h(key)
         return v
 
     def _h(self, state) -> float:
         T = self.T
         if self.objective == "makespan":
-            reqs = [(I0, O, I, m, g) for (I0, O), group in zip(self.classes, state) for I, m, g in group]
+            reqs = [(I0, O, *s[:3]) for (I0, O), group in zip(self.classes, state) for s in group]
             return run_conflict_bound_ms(T, self.M, reqs, self.chunked, self.evictions)
         if self.objective == "sum_completion":
-            return sum(self._own(k, s) for k, group in enumerate(state) for s in group)
+            return sum(self._own(k, s[:3]) for k, group in enumerate(state) for s in group)
         # mean TTFT: each request still without a token waits at least one batch holding its remaining prefill
         total = 0.0
         for k, group in enumerate(state):
-            for I, m, g in group:
+            for I, m, g, *_ in group:
                 if g == 0:
                     total += T.base + T.pbase + (T.tok + T.sq) * (I - m)
         return total / self.n
@@ -123,14 +136,22 @@ class _Problem:
         unfinished = n
         no_token = sum(1 for _, s in flat if s[2] == 0)
         options = []
-        for k, (I, m, g) in flat:
+        for k, (I, m, g, last, tight) in flat:
             acts = [IDLE]
             if self.evictions and m >= I:           # decode phase only (module doc)
                 acts.append(EVICT)
             if m < I:                               # prefill: any chunk (whole prompt only without chunking)
-                hi = min(I - m, self.C, self.P)
-                acts += [I - m] if not self.chunked and m == 0 and I <= hi else \
-                    ([] if not self.chunked else list(range(1, hi + 1)))
+                R = I - m
+                hi = min(R, self.C, self.P)
+                if not self.chunked:
+                    acts += [R] if m == 0 and I <= hi else []
+                elif self.balanced_chunks:          # chunk-size rules (module doc)
+                    lo = max(1, last - 1)                       # never more than one below the last chunk
+                    up = hi if tight or not last else min(hi, last + 1)   # above it only after a full batch
+                    acts += list(range(lo, min(up, (R + 1) // 2) + 1)) + \
+                        ([R] if lo <= R <= up and R > (R + 1) // 2 else [])
+                else:
+                    acts += list(range(1, hi + 1))
             else:
                 acts.append(1)                      # one decode token
             options.append(acts)
@@ -142,10 +163,10 @@ class _Problem:
             if idx == n:
                 if tokens == 0:
                     return
-                out.append(tuple(choice))
+                out.append((tuple(choice), kv_total))
                 return
             k, s = flat[idx]
-            I, m, g = s
+            I, m, g = s[:3]
             prev_same = idx > 0 and flat[idx - 1] == flat[idx]
             for a in options[idx]:
                 if prev_same and a < choice[idx - 1]:
@@ -168,19 +189,20 @@ class _Problem:
 
         rec(0, 0, 0, 0, 0)
         T = self.T
-        for ch in out:
+        for ch, kv_total in out:
             n_tok = sq = kv = 0
             has_pre = has_dec = False
             nxt = [[] for _ in self.classes]
             moves = []
             p_tok = 0
-            for i, (k, (I, m, g)) in enumerate(flat):
+            full = self.balanced_chunks and kv_total == self.M     # a full batch lifts the next chunks' caps
+            for i, (k, (I, m, g, last, tight)) in enumerate(flat):
                 a = ch[i]
                 O = self.classes[k][1]
                 if a == IDLE:
-                    nxt[k].append((I, m, g))
+                    nxt[k].append((I, m, g, last, int(tight or (full and last > 0))))
                 elif a == EVICT:
-                    nxt[k].append((m + 1 if m >= I else I, 0, g))
+                    nxt[k].append((m + 1 if m >= I else I, 0, g, 0, 0))
                 else:
                     n_tok += a
                     if m >= I:
@@ -191,8 +213,9 @@ class _Problem:
                         m2 = m + a
                         g2 = g + (m2 == I)
                     if g2 < O:
-                        nxt[k].append((I, m2, g2))
-                moves.append((k, (I, m, g), a))
+                        mid = self.balanced_chunks and m2 < I        # a prefill episode goes on: remember its chunk
+                        nxt[k].append((I, m2, g2, a if mid else 0, int(full) if mid else 0))
+                moves.append((k, (I, m, g, last, tight), a))
             if has_pre and has_dec and not self.hybrid:
                 continue
             if self.p_counts_decode and has_pre and n_tok > self.P:
@@ -273,9 +296,9 @@ def _rebuild(pb, parent, state) -> Schedule:
         tokens, evict = {}, []
         updates = {}
         for k, before, a in moves:
-            i = next(i for i in range(pb.n) if i not in used and cls[i] == k and cur[i] == before)
+            i = next(i for i in range(pb.n) if i not in used and cls[i] == k and cur[i] == before[:3])
             used.add(i)
-            I, m, g = before
+            I, m, g = before[:3]
             if a == EVICT:
                 evict.append(i)
                 updates[i] = (m + 1 if m >= I else I, 0, g)

@@ -142,6 +142,13 @@ CASES = [
     ([3, 3], [2, 2], 8, {"C": 4}),
     ([2, 2, 1], [2, 3, 2], 4, {"objective": "sum_completion"}),
     ([3, 1], [2, 3], 4, {"objective": "mean_ttft"}),
+    # longer prompts, where the chunk-size rules (C, P > M) prune chunk choices
+    ([6, 5], [2, 3], 11, {}),
+    ([7, 5], [3, 1], 12, {}),
+    ([4, 6, 3], [3, 1, 2], 10, {}),
+    ([4, 3, 7], [2, 3, 1], 13, {"hybrid": False}),
+    ([5, 5], [3, 3], 18, {"objective": "sum_completion"}),
+    ([6, 3], [1, 3], 15, {"objective": "mean_ttft"}),
 ]
 
 
@@ -249,3 +256,15 @@ def test_run_conflict_bound_counts_the_batches_section45_needs(cm):
     chunks = T.sq * I * I * (1 + 1 / 2 + 1 / 3 + 1 / 4)     # the k-th prompt to finish has at most k carriers
     assert b == pytest.approx(fixed + chunks, rel=1e-12)
     assert min_batches([I] * 4, [4] * 4, 2 * I) == 14
+
+
+def test_chunk_rules_prune_states_and_keep_the_optimum(cm):
+    # C = M never binds (a batch holds at most M tokens) but switches the chunk-size rules off (they need C, P > M):
+    # the optimum must be the same, reached over fewer states with the rules on
+    prompt, output, M = [7, 6], [2, 2], 13
+    on = search(make(cm, prompt, output, M))
+    off = search(make(cm, prompt, output, M, C=M, P=M))
+    assert on.status == off.status == "optimal"
+    assert on.value_ms == pytest.approx(off.value_ms, rel=1e-12)
+    assert on.value_ms == pytest.approx(exhaustive(make(cm, prompt, output, M)), rel=1e-9)
+    assert on.generated < off.generated
