@@ -39,7 +39,7 @@ class BatchShape:
 
 DEQUANT_MODES = ("fused", "separate")
 OVERHEAD_KEYS = ("step_s", "per_seq_s", "frontend_s", "frontend_per_token_s", "frontend_steps",
-                 "kernel_overhead_scale", "decode_attention_scale")
+                 "kernel_overhead_scale", "decode_attention_scale", "allreduce_per_byte_scale")
 
 
 @dataclass
@@ -55,7 +55,9 @@ class Overheads:
     by one (roofline v2 and profiled): kernel_overhead_scale multiplies every kernel's fixed time
     (CUDA graphs remove most launch gaps), decode_attention_scale the decode attention's KV-read time (the
     engine's attention kernel against the profiled one); the first also scales the fixed time of vLLM's custom
-    all-reduce, whose published times were taken without CUDA graphs. Zero and one by default (InferMax's model
+    all-reduce, whose published times were taken without CUDA graphs. allreduce_per_byte_scale, where set,
+    multiplies that all-reduce's per-byte time as the engine runs it (CUDA graphs, registered buffers; unset: the
+    published line within its data, NCCL beyond). Zero and one by default (InferMax's model
     has none); the `vllm` preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
     step_s: float = 0.0
     per_seq_s: float = 0.0
@@ -64,6 +66,7 @@ class Overheads:
     frontend_steps: float = 0.0
     kernel_overhead_scale: float = 1.0
     decode_attention_scale: float = 1.0
+    allreduce_per_byte_scale: float | None = None
     provenance: dict = field(default_factory=dict)
 
     @classmethod

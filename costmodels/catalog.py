@@ -39,10 +39,11 @@ class GPU:
         """The link tensor-parallel shards talk over: NVLink where the part has it, else PCIe."""
         return self.nvlink_bytes_per_s or self.pcie_bytes_per_s
 
-    def allreduce_time_s(self, nbytes: float, tp: int, backend: str = "auto", latency_scale: float = 1.0) -> float:
+    def allreduce_time_s(self, nbytes: float, tp: int, backend: str = "auto", latency_scale: float = 1.0,
+                         per_byte_scale: float | None = None) -> float:
         """One all-reduce of `nbytes` over `tp` GPUs (costmodels.collectives)."""
         from costmodels.collectives import allreduce_time_s
-        return allreduce_time_s(self, nbytes, tp, backend, latency_scale)
+        return allreduce_time_s(self, nbytes, tp, backend, latency_scale, per_byte_scale)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ from costmodels.yamlfile import read_yaml
 from costmodels.errors import UserError
 
 FIT_PATH = Path(__file__).resolve().parent.parent / "profiles" / "collectives.yaml"
-CUSTOM_MAX_BYTES = 1024 ** 2              # the custom all-reduce line is used within its data (up to 1 MB)
+CUSTOM_MAX_BYTES = 1024 ** 2              # default reach of the custom all-reduce line (its data: up to 1 MB)
+# vLLM's own limit for its custom all-reduce on Hopper (all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"], v0.11+):
+# above it the engine hands the message to NCCL
+VLLM_CUSTOM_MAX_BYTES_HOPPER = {2: 64 * 1024 ** 2, 4: 32 * 1024 ** 2, 6: 512 * 1024, 8: 256 * 1024}
 FIT_RANGE = (1e3, 64e6)                   # message sizes the fits are made and judged on (bytes)
 
 # sgl-project/sglang PR 2904 (2025-01-15), H100, vLLM's custom all-reduce without CUDA graphs: bytes → ms at tp 2/4/8
@@ -50,10 +53,13 @@ def two_line_time(params, nbytes):
     return np.minimum(a1 + np.asarray(nbytes, float) / b1, a2 + np.asarray(nbytes, float) / b2)
 
 
-def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto", latency_scale: float = 1.0):
+def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto", latency_scale: float = 1.0,
+                     per_byte_scale: float | None = None):
     """Seconds for one all-reduce of `nbytes` (a number or an array) over `tp` GPUs. backend: auto (vLLM: its
     custom kernel where it runs, NCCL otherwise), nccl, or custom. latency_scale multiplies the custom kernel's
-    fixed time (measured without CUDA graphs, whose launch part a graph removes)."""
+    fixed time (measured without CUDA graphs, whose launch part a graph removes). per_byte_scale, when given,
+    multiplies the custom kernel's per-byte time and says the engine runs it in CUDA graphs with registered
+    buffers: then it reaches as far as vLLM lets it (VLLM_CUSTOM_MAX_BYTES_HOPPER), not only over its data."""
     scalar = np.ndim(nbytes) == 0
     s = np.asarray(nbytes, dtype=float)
     if tp <= 1:
@@ -72,7 +78,10 @@ def allreduce_time_s(gpu, nbytes, tp: int, backend: str = "auto", latency_scale:
         t = 20e-6 + 2 * (tp - 1) / tp * s / (0.7 * link)
     if backend in ("auto", "custom") and custom is not None:
         a, b = custom
-        t = np.where(s <= CUSTOM_MAX_BYTES, np.minimum(a * latency_scale + s / b, t), t)
+        reach, k = CUSTOM_MAX_BYTES, 1.0
+        if per_byte_scale is not None:
+            reach, k = VLLM_CUSTOM_MAX_BYTES_HOPPER.get(tp, CUSTOM_MAX_BYTES), per_byte_scale
+        t = np.where(s <= reach, np.minimum(a * latency_scale + k * s / b, t), t)
     t = np.where(s > 0, t, 0.0)
     return float(t) if scalar else t
 

@@ -61,7 +61,9 @@ class ProfiledCostModel(RooflineCostModel):
         q_scale = self.profiled_tp / tp
         kv_scale = m.kv_heads_per_gpu(tp) / m.kv_heads_per_gpu(self.profiled_tp)
         d, p = self.decode_fit, self.prefill_fit
-        self._dec = (float(d["per_kv_token_s"]) * kv_scale * a, float(d["batch_half"]), float(d["per_seq_s"]) * k,
+        # per-request decode time: a thread block per (request, KV head), as in roofline v2
+        self._dec = (float(d["per_kv_token_s"]) * kv_scale * a, float(d["batch_half"]),
+                     float(d["per_seq_s"]) * k * kv_scale,
                      float(d["fixed_s"]) * k, float(d["batch_exp"]))
         self._pre = (float(p["ck_s"]) * q_scale, float(p["c2_s"]) * q_scale, float(p["c_s"]) * q_scale,
                      float(p["k_s"]) * kv_scale, float(p["per_seq_s"]) * k)

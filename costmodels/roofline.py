@@ -8,11 +8,13 @@ Per transformer layer, on one tensor-parallel shard:
   FP8 checkpoints read one byte per weight and compute at the FP8 peak where the GPU has one.
 - elementwise kernels (norms, RoPE, activation, residual add, embedding): bytes / (bandwidth · e_el) + overhead.
 - decode attention: the KV bytes every request reads over bandwidth · e_dec, times (1 + b_half/b)^γ (a few
-  requests cannot keep every SM streaming), plus per-request and fixed overheads;
+  requests cannot keep every SM streaming), plus per-request and fixed overheads; the per-request overhead scales
+  with the KV heads a shard holds (a thread block per request and KV head), relative to the fitted model's;
 - prefill attention: per layer a·Σck + a2·Σc² + a3·Σc + a4·Σk + a5·n over the chunks c with k cached tokens
   before them; a and a2 are FLOPs over peak (4·q_width per c·k and c² term, each with its own efficiency), a3
   and a4 bytes over bandwidth (a chunk token's Q/O/new K,V; a cached token's K,V), a5 seconds per request;
-- two all-reduces of the batch's hidden states (tensor parallelism, costmodels.collectives), expert-parallel
+- two all-reduces of the batch's hidden states (tensor parallelism, costmodels.collectives; with the engine's
+  overheads set, vLLM's custom all-reduce as its CUDA graphs run it, up to vLLM's size limit), expert-parallel
   all-to-all for MoE when configured.
 Per iteration: the lm_head GEMM and sampling over the sequences that sample, and a fixed step overhead.
 
@@ -34,6 +36,8 @@ from costmodels.errors import UserError
 from costmodels.operators import LAYER_OPS, Shard, dense_work, experts_touched, prefill_attn_work
 
 EFFICIENCY_PATH = Path(__file__).resolve().parent.parent / "profiles" / "roofline-efficiencies.yaml"
+# KV heads of the model the decode-attention parameters are fitted on (Llama-2-7B, the shared A100 attention profile)
+DECODE_FIT_KV_HEADS = 32
 
 # Parameter names, what they are, and the range a fit may take them to.
 PARAMS = {
@@ -165,8 +169,9 @@ class RooflineCostModel(CostModel):
         n = np.asarray(n, dtype=float)
         t = self.dense_ops_time(n)
         if self.tp > 1:
+            o = self.overheads
             t = t + 2 * self.gpu.allreduce_time_s(n * self.shard.hidden * self.shard.act_bytes, self.tp, self.allreduce,
-                                                  self.overheads.kernel_overhead_scale)
+                                                  o.kernel_overhead_scale, o.allreduce_per_byte_scale)
         return t
 
     def dense_ops_time(self, n):
@@ -250,8 +255,12 @@ class RooflineCostModel(CostModel):
         s, g, p = self.shard, self.gpu, self.params_in_use
         kvw = s.mla_latent / 2 if s.mla_latent else s.kv_width
         kv_token = 2.0 * kvw * s.kv_bytes                          # K and V bytes of one cached token per layer
+        # decode kernels run a thread block per (request, KV head): the per-request time was fitted on a model with
+        # DECODE_FIT_KV_HEADS KV heads and scales with the KV heads this shard holds (GQA and TP shrink it)
+        kv_heads = DECODE_FIT_KV_HEADS if s.mla_latent else self.model.kv_heads_per_gpu(self.tp)
+        per_seq = p["decode_per_seq_s"] * kv_heads / DECODE_FIT_KV_HEADS
         self._dec = (kv_token / (g.hbm_bytes_per_s * p["decode_memory_eff"]), p["decode_batch_half"],
-                     p["decode_per_seq_s"] + 2.0 * s.q_width * s.act_bytes / (g.hbm_bytes_per_s * p["decode_memory_eff"]),
+                     per_seq + 2.0 * s.q_width * s.act_bytes / (g.hbm_bytes_per_s * p["decode_memory_eff"]),
                      p["decode_fixed_s"], p["decode_batch_exp"])
         chunk_bytes = 2.0 * s.q_width * s.act_bytes + 2.0 * kv_token     # Q, O; the chunk's K/V read and written
         self._pre = (4.0 * s.q_width / (g.peak_flops * p["prefill_ck_eff"]),

@@ -96,6 +96,41 @@ def test_tensor_parallel_divides_work_and_adds_all_reduces():
         2 * A100.allreduce_time_s(n * 8192 * 2, 4))
 
 
+def test_decode_per_request_time_follows_the_kv_heads_a_shard_holds():
+    """A thread block per (request, KV head): the fitted per-request time (Llama-2-7B, 32 KV heads) scales with
+    the KV heads on the shard; the query read is per request as before. Hand-worked for 32, 16 and 8 KV heads."""
+    for model, tp, kv_heads in ((L7, 1, 32), (L7, 2, 16), (get_model("llama-3.1-70b"), 4, 2)):
+        cm = RooflineCostModel(model, H100, tp=tp)
+        p, s = cm.params_in_use, cm.shard
+        q_read = 2 * s.q_width * s.act_bytes / (H100.hbm_bytes_per_s * p["decode_memory_eff"])
+        slope = cm.decode_attn_time_sums(2, 0) - cm.decode_attn_time_sums(1, 0)
+        assert slope == pytest.approx(p["decode_per_seq_s"] * kv_heads / 32 + q_read, rel=1e-12), model.name
+    # the profiled model scales its fitted per-request time the same way when run at another TP
+    prof = build_costmodel({"kind": "profiled"}, L7, A100, tp=1), build_costmodel({"kind": "profiled"}, L7, A100, tp=2)
+    assert prof[1]._dec[2] == pytest.approx(prof[0]._dec[2] / 2, rel=1e-12)
+
+
+def test_engine_allreduce_reaches_vllms_custom_limit_with_its_fitted_per_byte_time():
+    """Without engine overheads the custom all-reduce line applies within its data (1 MB) and NCCL above; with the
+    `vllm` runtime factor it applies up to vLLM's own limit (32 MB at TP4 on Hopper) with its per-byte time scaled,
+    never above NCCL's time, and stays monotone in size."""
+    from costmodels.collectives import _fits, two_line_time
+    a, b = _fits()["custom"]["h100_dgx"]["4"]
+    nccl = _fits()["nccl"]["h100_dgx"]["4"]
+    big = 4 * 1024 ** 2
+    assert H100.allreduce_time_s(big, 4) == pytest.approx(float(two_line_time(nccl, big)))
+    k = 0.5
+    assert H100.allreduce_time_s(big, 4, per_byte_scale=k) == pytest.approx(
+        min(a + k * big / b, float(two_line_time(nccl, big))))
+    assert H100.allreduce_time_s(64 * 1024, 4, per_byte_scale=k) == pytest.approx(
+        min(a + k * 64 * 1024 / b, float(two_line_time(nccl, 64 * 1024))))
+    assert H100.allreduce_time_s(64 * 1024 ** 2, 4, per_byte_scale=k) == pytest.approx(
+        float(two_line_time(nccl, 64 * 1024 ** 2)))              # above vLLM's 32 MB: NCCL
+    sizes = np.geomspace(1e3, 64e6, 200)
+    t = H100.allreduce_time_s(sizes, 4, per_byte_scale=k)
+    assert np.all(np.diff(t) >= -1e-12) and np.all(t <= two_line_time(nccl, sizes) + 1e-15)
+
+
 def test_moe_reads_only_the_experts_its_tokens_reach_and_fp8_halves_weights():
     mix = get_model("mixtral-8x7b")
     s = Shard.of(mix, 1)

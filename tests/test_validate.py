@@ -37,9 +37,14 @@ def test_validate_meets_the_acceptance_bounds_on_held_out_experiments(validation
     assert max(r["ape_pct"]["e2e_mean"] for r in ran) <= 30.0
 
 
-def test_validate_tp4_is_no_longer_the_outlier(validation):
+def test_validate_tp4_errors_are_within_one_and_a_half_times_tp1s(validation):
+    """The cost-model issue's bar for TP4 (two experiments): median e2e, TTFT and ITL errors at most 1.5x TP1's.
+    TP2 meets it for TTFT and ITL; its e2e median (Llama-4-Scout FP8's under-predicted ITL) does not yet."""
     s = validation["summary"]
-    assert s["tp4"]["e2e_mean"] <= 15.0 and s["tp4"]["itl_mean"] <= 15.0
+    for k in ("e2e_mean", "ttft_mean", "itl_mean"):
+        assert s["tp4"][k] <= 1.5 * s["tp1"][k], (k, s["tp4"][k], s["tp1"][k])
+    for k in ("ttft_mean", "itl_mean"):
+        assert s["tp2"][k] <= 1.5 * s["tp1"][k], (k, s["tp2"][k], s["tp1"][k])
 
 
 def test_validate_held_out_set_excludes_the_fitted_experiments(validation):

@@ -15,7 +15,7 @@ SELECTED = [c for c in CLAIMS.values() if c.paper in PAPERS]
 NOT_MODELLED = {"AS-3", "AS-6", "AS-7", "BR-4", "BR-5", "BR-9", "ES-11", "ES-12", "ES-13", "ES-14", "ES-15"}
 # Directions that differ between the quick scale (fewer requests, every other rate) and the full one: tested at
 # the full scale only. The quick ShareGPT/Alpaca runs are too short to saturate EconoServe's baselines.
-FULL_ONLY = {"AS-2", "AS-4", "BR-7", "BR-10", "ES-16", "AL-8"}
+FULL_ONLY = {"AS-2", "AS-4", "AS-5", "BR-7", "BR-10", "ES-16", "AL-8"}
 # Directions our simulator does not reproduce (the claims' why= say why); claims that are untestable here (a tie
 # or saturation) skip themselves in the direction tests.
 KNOWN_DISAGREEMENTS = {
