@@ -60,12 +60,17 @@ def applies(inst, max_classes: int = 4, auto: bool = False) -> tuple[bool, str]:
     if len(classes) > max_classes:
         return False, f"{len(classes)} request classes (the search takes at most {max_classes})"
     chunks = sum(min(p, inst.P_eff) for p in inst.prompt) if inst.options.chunked else 0
-    rules = inst.options.C > inst.M and inst.P_eff > inst.M
-    limit = AUTO_MAX_PREFILL_RULES if rules else AUTO_MAX_PREFILL
+    limit = AUTO_MAX_PREFILL_RULES if chunk_rules_apply(inst) else AUTO_MAX_PREFILL
     if auto and chunks > limit:
         return False, (f"{chunks} prompt tokens to chunk (auto tries the search up to {limit}; "
                        f"--backend search forces it)")
     return True, f"{len(classes)} request class(es), offline"
+
+
+def chunk_rules_apply(inst) -> bool:
+    """A batch processes at most M tokens (each one lands in the KV), so C, P > M never bind and the chunk-size
+    rules of the module doc are exact."""
+    return inst.options.C > inst.M and inst.P_eff > inst.M
 
 
 class _Problem:
@@ -75,8 +80,7 @@ class _Problem:
         self.T = inst.terms
         self.C, self.P, self.M, self.R = opt.C, inst.P_eff, inst.M, inst.R_eff
         self.chunked, self.hybrid, self.evictions = opt.chunked, opt.hybrid, opt.evictions
-        # a batch processes at most M tokens (each one lands in the KV), so C, P > M never bind (module doc)
-        self.balanced_chunks = self.C > self.M and self.P > self.M
+        self.balanced_chunks = chunk_rules_apply(inst)
         self.p_counts_decode = opt.p_counts_decode_tokens
         self.objective = opt.objective
         self.n = inst.n
