@@ -205,6 +205,26 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         goal_ms = goal_s * 1e3
     ok_presets = [p for p in presets if p.csp_valid and p.schedule is not None]
     best_any = min(ok_presets, key=lambda p: p.value_s) if ok_presets else None
+    serial_bound_s = math.nan
+    if goal_ms is None and opt.backend in ("auto", "serial"):
+        from solver.serial import applies as serial_applies, solve_serial
+        yes, why_serial = serial_applies(inst)
+        if yes:
+            sr = solve_serial(inst, PROVEN_GAP)
+            notes += sr.notes
+            notes.append(f"skeleton decomposition: {sr.status} in {sr.time_s:.2f} s")
+            if sr.status == "optimal" or opt.backend == "serial":
+                return _finish(inst, presets, sr.schedule, "serial", f"skeleton decomposition ({why_serial})",
+                               sr.status, sr.time_s, {}, "QP per skeleton", 0, notes, "skeleton QPs",
+                               sr.bound_ms / 1e3, "")
+            # not proven (evicting may pay): its bound stays valid, its schedule seeds what follows
+            serial_bound_s = sr.bound_ms / 1e3
+            presets = presets + [PresetRun("eviction-free optimum (skeleton QPs)", sr.value_ms / 1e3,
+                                           len(sr.schedule), 0, sr.schedule, True)]
+            ok_presets = [p for p in presets if p.csp_valid and p.schedule is not None]
+            best_any = min(ok_presets, key=lambda p: p.value_s)
+        elif opt.backend == "serial":
+            raise UserError(f"solver.backend: the skeleton decomposition does not apply here: {why_serial}")
     search_bound_s = math.nan
     if goal_ms is None and opt.backend in ("auto", "search"):
         from solver.search import applies, search
@@ -278,7 +298,8 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         bound = min(bound, inc) if math.isfinite(bound) else inc
     if goal_ms is None:
         # the best of the bounds at hand, named: the MILP's, the exact search's (stopped early), the analytic one
-        for value, name in ((search_bound_s, "exact search (stopped early)"), (analytic_bound_s(inst), "analytic")):
+        for value, name in ((search_bound_s, "exact search (stopped early)"), (serial_bound_s, "skeleton QPs"),
+                            (analytic_bound_s(inst), "analytic")):
             if math.isfinite(value) and (not math.isfinite(bound) or value > bound):
                 bound, source = value, name
     gap = (inc - bound) / inc if math.isfinite(inc) and math.isfinite(bound) and inc > 0 else math.nan
