@@ -27,7 +27,7 @@ class Scale:
     msweep_B: int = 1024      # requests in the M sweep (Figure 9); M values are absolute there, as in the paper
     csp_small_I: tuple = (1, 4, 16, 64)       # §4.5 CSP grid (B = O = 4): prompts where evicting should pay
     csp_large_I: tuple = (128, 512, 1024)     # ... and where it should not
-    csp_time_limit_s: float = 20.0            # per MILP solve (HiGHS, one thread)
+    csp_time_limit_s: float = 20.0            # per solve (backend auto, one thread)
     # Apt-Serve / BROS / EconoServe / ALISE (online workloads; full = the benchmark scripts' setups)
     slo_requests: int = 500   # Apt-Serve: ShareGPT-like requests per run
     capacity_tol: float = 0.04  # Apt-Serve: relative tolerance of the effective-throughput (capacity) search

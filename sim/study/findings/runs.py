@@ -161,9 +161,10 @@ def clear_cache() -> None:
 
 
 def csp_point(I: int, time_limit_s: float) -> dict:
-    """InferMax §4.5 at prompt I (B = O = 4): optimum with and without evictions and the presets (HiGHS)."""
+    """InferMax §4.5 at prompt I (B = O = 4): optimum with and without evictions and the presets (backend auto:
+    the skeleton decomposition and the exact search prove every grid point in seconds)."""
     key = ("csp45", I, time_limit_s)
     if key not in _CACHE:
         from solver.section45 import section45_point   # solver sits above sim: imported only when a claim needs it
-        _store(key, section45_point(I, time_limit_s, backend="highs"))
+        _store(key, section45_point(I, time_limit_s, backend="auto"))
     return _CACHE[key]
