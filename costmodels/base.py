@@ -39,7 +39,7 @@ class BatchShape:
 
 DEQUANT_MODES = ("fused", "separate")
 OVERHEAD_KEYS = ("step_s", "per_seq_s", "frontend_s", "frontend_per_token_s", "frontend_steps",
-                 "kernel_overhead_scale", "decode_attention_scale", "allreduce_per_byte_scale")
+                 "kernel_overhead_scale", "decode_attention_scale", "allreduce_per_byte_scale", "moe_gemm_scale")
 
 
 @dataclass
@@ -57,7 +57,8 @@ class Overheads:
     engine's attention kernel against the profiled one); the first also scales the fixed time of vLLM's custom
     all-reduce, whose published times were taken without CUDA graphs. allreduce_per_byte_scale, where set,
     multiplies that all-reduce's per-byte time as the engine runs it (CUDA graphs, registered buffers; unset: the
-    published line within its data, NCCL beyond). Zero and one by default (InferMax's model
+    published line within its data, NCCL beyond). moe_gemm_scale multiplies the routed experts' grouped GEMMs (the
+    engine's fused MoE kernel against the dense GEMM efficiencies they are priced at). Zero and one by default (InferMax's model
     has none); the `vllm` preset holds values fitted on measured vLLM runs (profiles/overheads.yaml says on which)."""
     step_s: float = 0.0
     per_seq_s: float = 0.0
@@ -67,6 +68,7 @@ class Overheads:
     kernel_overhead_scale: float = 1.0
     decode_attention_scale: float = 1.0
     allreduce_per_byte_scale: float | None = None
+    moe_gemm_scale: float = 1.0
     provenance: dict = field(default_factory=dict)
 
     @classmethod

@@ -153,7 +153,8 @@ class RooflineCostModel(CostModel):
                 np.where(rows > 0, (rows + p["gemm_m_half"]) / np.maximum(rows, 1e-12), 1.0) * p["moe_imbalance"]
             memory = (local * k * nn * s.weight_bytes + work * (k + nn) * s.act_bytes) / \
                 (self.gpu.hbm_bytes_per_s * p["gemm_memory_eff"])
-            t = t + np.where(n > 0, np.maximum(compute, memory) + p["gemm_overhead_s"], 0.0)
+            t = t + np.where(n > 0, self.overheads.moe_gemm_scale * np.maximum(compute, memory) + p["gemm_overhead_s"],
+                             0.0)
         t = t + self.elementwise_time((3.0 if s.gated else 2.0) * work * f * s.act_bytes)
         if s.shared_ffn:
             t = t + self.gemm_time(n, h, up * s.shared_ffn) + self.gemm_time(n, s.shared_ffn, h)

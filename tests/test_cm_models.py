@@ -146,6 +146,22 @@ def test_moe_reads_only_the_experts_its_tokens_reach_and_fp8_halves_weights():
     assert get_model("llama-4-scout-17b-16e").params() == pytest.approx(107.8e9, rel=0.03)   # 109B incl. vision
 
 
+def test_moe_gemm_scale_prices_only_the_routed_experts():
+    """The engine's fused-MoE factor multiplies the routed experts' grouped GEMMs and nothing else: a dense model
+    does not move, and a MoE decode step rises by less than the factor (attention, the shared expert and the rest
+    keep their price)."""
+    from costmodels.base import Overheads
+    d = BatchShape([], [], [600] * 32)
+    scout = get_model("llama-4-scout-17b-16e-fp8")
+    plain = RooflineCostModel(scout, H100, tp=2)
+    slow = RooflineCostModel(scout, H100, tp=2, overheads=Overheads(moe_gemm_scale=1.5))
+    assert 1.0 < slow.batch_time(d) / plain.batch_time(d) < 1.5
+    experts = lambda cm: float(cm.moe_time(32.0))
+    assert experts(slow) > experts(plain)
+    assert RooflineCostModel(L7, H100, overheads=Overheads(moe_gemm_scale=1.5)).batch_time(d) == \
+        RooflineCostModel(L7, H100).batch_time(d)
+
+
 def test_fast_path_sums_and_stretches_are_the_same_floats():
     rng = np.random.default_rng(1)
     for kind in ("roofline", "profiled", "linear"):

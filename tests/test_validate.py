@@ -37,14 +37,13 @@ def test_validate_meets_the_acceptance_bounds_on_held_out_experiments(validation
     assert max(r["ape_pct"]["e2e_mean"] for r in ran) <= 30.0
 
 
-def test_validate_tp4_errors_are_within_one_and_a_half_times_tp1s(validation):
-    """The cost-model issue's bar for TP4 (two experiments): median e2e, TTFT and ITL errors at most 1.5x TP1's.
-    TP2 meets it for TTFT and ITL; its e2e median (Llama-4-Scout FP8's under-predicted ITL) does not yet."""
+def test_validate_tp2_and_tp4_errors_are_within_one_and_a_half_times_tp1s(validation):
+    """The cost-model issue's bar: at TP2 (six experiments, four of them Llama-4-Scout FP8 MoE) and TP4 (two), the
+    median e2e, TTFT and ITL errors are at most 1.5x TP1's."""
     s = validation["summary"]
-    for k in ("e2e_mean", "ttft_mean", "itl_mean"):
-        assert s["tp4"][k] <= 1.5 * s["tp1"][k], (k, s["tp4"][k], s["tp1"][k])
-    for k in ("ttft_mean", "itl_mean"):
-        assert s["tp2"][k] <= 1.5 * s["tp1"][k], (k, s["tp2"][k], s["tp1"][k])
+    for tp in ("tp2", "tp4"):
+        for k in ("e2e_mean", "ttft_mean", "itl_mean"):
+            assert s[tp][k] <= 1.5 * s["tp1"][k], (tp, k, s[tp][k], s["tp1"][k])
 
 
 def test_validate_held_out_set_excludes_the_fitted_experiments(validation):

@@ -2,13 +2,14 @@
 
     python -m sim.study.fit_overheads [--train 67,64,62,60,17]
 
-By default seven parameters: the CPU time per iteration (step_s; per_seq_s stays 0: fitting it too overfits the
+By default eight parameters: the CPU time per iteration (step_s; per_seq_s stays 0: fitting it too overfits the
 five experiments, measured by the held-out errors), the per-request front-end time (frontend_s plus
-frontend_per_token_s × its prompt plus frontend_steps × the request's first step), and three
+frontend_per_token_s × its prompt plus frontend_steps × the request's first step), and four
 factors for how vLLM's runtime differs from kernels profiled one by one (kernel_overhead_scale on every kernel's
 fixed time: CUDA graphs; decode_attention_scale on decode attention's KV-read time: its attention backend on H100,
 for which no kernel profile is shared; allreduce_per_byte_scale on the custom all-reduce's per-byte time, whose
-published line was measured without CUDA graphs) are fitted by least squares on the relative errors of mean e2e latency,
+published line was measured without CUDA graphs; moe_gemm_scale on the routed experts' grouped GEMMs: vLLM's
+fused MoE kernel, which only the Llama-4-Scout experiment in the training set exercises) are fitted by least squares on the relative errors of mean e2e latency,
 mean TTFT and mean ITL of the training experiments only, everything else in the cost model fixed (roofline v2 /
 profiled with the shipped efficiencies). `servesim validate` then reports the other experiments as held out. The default training set has
 one experiment per model family and every tensor-parallel degree (Llama-2-7B TP1, Qwen2.5-7B TP1, Mistral-Nemo
@@ -30,9 +31,10 @@ DEFAULT_TRAIN = ("67", "64", "62", "60", "17")
 PARAMS = {"step_s": (1e-3, 0.6, 0, 50), "per_seq_s": (1e-5, 1.6, 0, 100), "frontend_s": (1e-2, 1.6, 0, 20),
           "frontend_per_token_s": (1e-5, 1.0, 0, 100),
           "frontend_steps": (1.0, 0.5, 0, 4.0), "kernel_overhead_scale": (1.0, 0.3, 0, 1.0),
-          "decode_attention_scale": (1.0, 1.7, 0.5, 3.0), "allreduce_per_byte_scale": (1.0, 0.5, 0.0, 1.0)}
+          "decode_attention_scale": (1.0, 1.7, 0.5, 3.0), "allreduce_per_byte_scale": (1.0, 0.5, 0.0, 1.0),
+          "moe_gemm_scale": (1.0, 1.1, 0.5, 2.0)}
 DEFAULT_FIT = ("step_s", "frontend_s", "frontend_per_token_s", "frontend_steps", "kernel_overhead_scale",
-               "decode_attention_scale", "allreduce_per_byte_scale")
+               "decode_attention_scale", "allreduce_per_byte_scale", "moe_gemm_scale")
 
 
 def objective(x, rows, workloads, jobs, names):
