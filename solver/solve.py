@@ -211,7 +211,7 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         yes, why_serial = serial_applies(inst)
         if yes:
             sr = solve_serial(inst, PROVEN_GAP)
-            notes += sr.notes
+            notes += [f"skeleton decomposition: {note}" for note in sr.notes]
             notes.append(f"skeleton decomposition: {sr.status} in {sr.time_s:.2f} s")
             if sr.status == "optimal" or opt.backend == "serial":
                 return _finish(inst, presets, sr.schedule, "serial", f"skeleton decomposition ({why_serial})",
