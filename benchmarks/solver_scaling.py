@@ -22,6 +22,11 @@ from solver.instance import SolverInstance, SolverOptions
 from solver.solve import run_presets, solve
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
 def instance(n, seed, cm, backend, time_limit):
     rng = np.random.default_rng(seed)
     prompt = [int(v) for v in rng.integers(16, 65, n)]
@@ -36,11 +41,13 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--n", default="2,4,8,16,32")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--backends", default="", help="comma-separated (default: highs, plus gurobi if importable)")
+    ap.add_argument("--backends", default="",
+                    help="comma-separated (default: highs, plus gurobi and cpsat where importable)")
     ap.add_argument("--out", default="benchmarks/results/solver_scaling.json")
     a = ap.parse_args(argv)
     cm = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), features="paper")
-    backends = a.backends.split(",") if a.backends else ["highs"] + (["gurobi"] if gurobi_importable() else [])
+    backends = a.backends.split(",") if a.backends else (["highs"] + (["gurobi"] if gurobi_importable() else [])
+                                                         + (["cpsat"] if _importable("ortools") else []))
     rows = []
     print(f"{'backend':<8} {'n':>3} {'J':>4} {'vars':>7} {'rows':>7} {'status':<11} {'solve s':>8} {'best ms':>9} "
           f"{'bound ms':>9} {'gap':>7} {'best preset ms':>14}")

@@ -1,4 +1,5 @@
-"""MILP backends behind one call: HiGHS (open source, no licence) and gurobipy (when importable and licensed)."""
+"""MILP backends behind one call: HiGHS (open source, no licence), gurobipy (when importable and licensed) and OR-Tools
+CP-SAT (optional extra, Apache-2.0)."""
 from __future__ import annotations
 
 import math
@@ -39,6 +40,8 @@ def choose_backend(requested: str, model) -> tuple[str, str]:
         return "highs", "HiGHS requested"
     if requested == "gurobi":
         return "gurobi", "gurobipy requested"
+    if requested == "cpsat":
+        return "cpsat", "OR-Tools CP-SAT requested"
     if not gurobi_importable():
         return "highs", "gurobipy is not importable; HiGHS (open source, no licence) runs instead"
     size = model.size()
@@ -262,4 +265,87 @@ def _split_rows(rows):
     return le, ge, eq
 
 
-BACKENDS = {"highs": solve_highs, "gurobi": solve_gurobi}
+CPSAT_TICKS_PER_MS = 10 ** 8   # CP-SAT needs integer costs: 1e-8 ms ticks keep the Σc² coefficient (~5e-6 ms) to 0.2%
+
+
+def solve_cpsat(model, opt, start, time_limit_s, hints) -> BackendResult:
+    """OR-Tools CP-SAT on the same model: q = c² exactly (a multiplication constraint), every column integer, the
+    makespan as Σ batch times with each cost coefficient rounded down to 1e-8 ms (so its bound, divided back, stays
+    a valid lower bound; the schedule is re-timed exactly by the caller). Offline makespan only: the time rows are
+    dropped and the objective is built from the batch-time terms."""
+    try:
+        from ortools.sat.python import cp_model
+    except Exception as e:
+        raise BackendUnavailable(f"OR-Tools is not importable ({e}); pip install 'servesim[cpsat]'") from None
+    t0 = time.perf_counter()
+    time_rows, cost = _batch_time_rows(model)
+    if time_rows is None:
+        raise BackendUnavailable("CP-SAT runs offline makespan instances only (time rows it cannot take)")
+    m = cp_model.CpModel()
+    x = []
+    for k in range(model.num_vars):
+        lo, hi = model.lb[k], model.ub[k]
+        hi = hi if math.isfinite(hi) else 10 ** 9
+        x.append(m.NewIntVar(int(math.ceil(lo - 1e-9)), int(math.floor(hi + 1e-9)), model.names[k]))
+    for r, (cols, coefs, lo, hi) in enumerate(model.rows):
+        if r in time_rows:
+            continue
+        if any(abs(v - round(v)) > 1e-9 for v in coefs):
+            raise BackendUnavailable(f"CP-SAT needs integer rows; row {r} has fractional coefficients")
+        expr = sum(int(round(v)) * x[c] for c, v in zip(cols, coefs))
+        if math.isfinite(lo):
+            m.Add(expr >= int(math.ceil(lo - 1e-9)))
+        if math.isfinite(hi):
+            m.Add(expr <= int(math.floor(hi + 1e-9)))
+    for q, c, _, _ in model.squares:
+        m.AddMultiplicationEquality(x[q], [x[c], x[c]])
+    ticks = {c: math.floor(CPSAT_TICKS_PER_MS * v) if v > 0 else -math.ceil(-CPSAT_TICKS_PER_MS * v)
+             for c, v in cost.items()}
+    m.Minimize(sum(t * x[c] for c, t in ticks.items() if t))
+    if start is not None:
+        for k, v in enumerate(start):
+            if model.integer[k] or k in cost:
+                m.AddHint(x[k], int(round(v)))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = max(int(opt.threads), 1)
+    solver.parameters.random_seed = 0
+    st = solver.Solve(m)
+    has = st in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "time_limit",
+              cp_model.INFEASIBLE: "infeasible"}.get(st, solver.StatusName(st).lower())
+    xv = [float(solver.Value(v)) for v in x] if has else None
+    bound = solver.BestObjectiveBound() / CPSAT_TICKS_PER_MS + model.obj_offset
+    obj = solver.ObjectiveValue() / CPSAT_TICKS_PER_MS + model.obj_offset if has else math.nan
+    # rounding each cost down makes the optimum of the rounded objective a bound, not the optimum itself
+    status = "time_limit" if status == "optimal" else status
+    return BackendResult("cpsat", status, xv, obj, bound, time.perf_counter() - t0,
+                         "exact: q = c² as a CP-SAT multiplication constraint",
+                         notes=[f"CP-SAT: {solver.StatusName(st)}, costs rounded down to "
+                                f"{1e3 / CPSAT_TICKS_PER_MS:g} µs"])
+
+
+def _batch_time_rows(model):
+    """The rows that define T_j and acc_j and the objective cut on acc, and the objective Σ_j T_j as a cost per
+    integer column (ms); None where the model has idle time (online) or an objective other than makespan."""
+    names = model.names
+    is_time = [n.startswith(("T_", "acc_", "s_")) for n in names]
+    if any(n.startswith(("zc_", "zf_")) for n in names):
+        return None, None
+    if any(is_time[k] and model.ub[k] > 0 for k in range(model.num_vars) if names[k].startswith("s_")):
+        return None, None
+    rows, cost = set(), {}
+    for r, (cols, coefs, lo, hi) in enumerate(model.rows):
+        if not any(is_time[c] for c in cols):
+            continue
+        rows.add(r)
+        t_cols = [c for c in cols if names[c].startswith("T_")]
+        if len(t_cols) == 1 and lo == hi == 0 and not any(names[c].startswith(("acc_", "s_")) for c in cols):
+            sign = dict(zip(cols, coefs))[t_cols[0]]           # T − Σ terms = 0  ⇒  T = Σ (−coef/sign)·x
+            for c, v in zip(cols, coefs):
+                if c != t_cols[0]:
+                    cost[c] = cost.get(c, 0.0) - v / sign
+    return rows, cost
+
+
+BACKENDS = {"highs": solve_highs, "gurobi": solve_gurobi, "cpsat": solve_cpsat}

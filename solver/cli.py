@@ -10,10 +10,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("optimal", help="optimal schedule (InferMax CSP) for a small workload, vs presets")
     p.add_argument("scenario", help="scenario YAML; its `solver:` section sets defaults")
     p.add_argument("--objective", choices=("makespan", "sum_completion", "mean_ttft"))
-    p.add_argument("--backend", choices=("auto", "serial", "search", "highs", "gurobi"),
+    p.add_argument("--backend", choices=("auto", "serial", "search", "highs", "gurobi", "cpsat"),
                    help="auto: the skeleton decomposition (identical requests with 2·I >= M) and the exact A* search "
                         "(offline, few request classes, short prompts) where they apply, then a MILP (Gurobi if "
-                        "licensed, else HiGHS); serial/search/highs/gurobi force one")
+                        "licensed, else HiGHS); serial/search/highs/gurobi/cpsat force one (cpsat: OR-Tools, an extra)")
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
     p.add_argument("--mip-gap", type=float, help="relative MIP gap at which to stop")
     p.add_argument("--threads", type=int)

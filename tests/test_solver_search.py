@@ -268,3 +268,27 @@ def test_chunk_rules_prune_states_and_keep_the_optimum(cm):
     assert on.value_ms == pytest.approx(off.value_ms, rel=1e-12)
     assert on.value_ms == pytest.approx(exhaustive(make(cm, prompt, output, M)), rel=1e-9)
     assert on.generated < off.generated
+
+
+# -- OR-Tools CP-SAT (the optional third backend) ----------------------------------------------------------------
+@pytest.mark.parametrize("prompt,output,M", [([3, 1], [2, 3], 4), ([2, 2, 2], [2, 2, 2], 4), ([6, 5], [2, 3], 11)])
+def test_cpsat_bound_is_valid_and_its_schedule_replays(cm, prompt, output, M):
+    pytest.importorskip("ortools")
+    exact = search(make(cm, prompt, output, M)).value_ms
+    r = solve(make(cm, prompt, output, M, backend="cpsat", time_limit_s=20))
+    assert r.backend == "cpsat" and r.replay_rel_err <= 1e-6
+    assert r.bound_s * 1e3 <= exact * (1 + 1e-9)           # costs rounded down: never above the optimum
+    assert r.incumbent_s * 1e3 >= exact * (1 - 1e-9)
+    # these are small: CP-SAT closes them, and the rounding (1e-8 ms per unit of cost) leaves no visible gap
+    assert r.status == "optimal" and r.incumbent_s * 1e3 == pytest.approx(exact, rel=1e-9)
+
+
+def test_cpsat_refuses_what_it_cannot_model_in_one_line(cm):
+    pytest.importorskip("ortools")
+    from costmodels.errors import UserError
+    online = SolverInstance([3, 2], [2, 2], [0.0, 0.01], 6, SolverOptions(backend="cpsat", presets=["vllm"]), cm)
+    with pytest.raises(UserError, match="CP-SAT runs offline makespan"):
+        solve(online)
+    ttft = make(cm, [3, 2], [2, 2], 6, backend="cpsat", objective="mean_ttft")
+    with pytest.raises(UserError, match="CP-SAT runs offline makespan"):
+        solve(ttft)
