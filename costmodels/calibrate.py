@@ -161,9 +161,12 @@ def fit_dense_params(table, model, gpu) -> dict:
     return dict(zip(names, (r.x * scale).tolist()))
 
 
-def fit_decode(table, model, gpu, tp: int = 1):
-    """Decode attention: Σ(m + 1)·c·(1 + b_half/b)^γ + ψ·b + c0 per layer, every coefficient >= 0 and γ <= 1 (so
-    more requests never take less time), relative error per timed row. Returns (c, b_half, ψ, c0, γ), seconds."""
+def fit_decode(table, model, gpu, tp: int = 1, context_half: bool = False):
+    """Decode attention: Σ(m + 1)·c·(1 + (b_half + ch·m̄/1000)/b)^γ + ψ·b + c0 per layer (m̄ the mean context; ch
+    fitted only with context_half, else 0), every coefficient >= 0 and γ <= 1 (so more requests, or longer
+    contexts, never take less time), relative error per timed row. With ch the occupancy's half-batch grows with the
+    context: a request's thread blocks hold more of an SM the longer its context, so more requests are needed to
+    fill the GPU. Returns (c, b_half, ψ, c0, γ, ch), seconds."""
     from scipy.optimize import least_squares
     dec = table[table["op"] == "attn_decode"]
     if dec.empty:
@@ -175,15 +178,33 @@ def fit_decode(table, model, gpu, tp: int = 1):
     s = Shard.of(model, tp)
     kv_token = 2.0 * (s.mla_latent / 2 if s.mla_latent else s.kv_width) * s.kv_bytes
     c_ideal = kv_token / gpu.hbm_bytes_per_s
-    scale = np.array([c_ideal, 1.0, 1e-6, 1e-6, 1.0])
+    scale = np.array([c_ideal, 1.0, 1e-6, 1e-6, 1.0, 1.0])
 
     def resid(z):
-        c, bh, psi, c0, g = z * scale
-        return (K * c * (1.0 + bh / b) ** g + psi * b + c0 - y) / y
-    r = least_squares(resid, [1.1, 2.0, 1.0, 5.0, 0.5],
-                      bounds=([1.0 / MAX_DECODE_EFF, 0.0, 0.0, 0.0, 0.0], [20.0, 1024.0, 100.0, 1000.0, 1.0]))
-    c, bh, psi, c0, g = (r.x * scale).tolist()
-    return c, bh, psi, c0, g
+        c, bh, psi, c0, g, ch = z * scale
+        return (K * c * (1.0 + (bh + ch * (K / b) / 1000.0) / b) ** g + psi * b + c0 - y) / y
+    r = least_squares(resid, [1.1, 2.0, 1.0, 5.0, 0.5, 1.0 if context_half else 0.0],
+                      bounds=([1.0 / MAX_DECODE_EFF, 0.0, 0.0, 0.0, 0.0, 0.0],
+                              [20.0, 1024.0, 100.0, 1000.0, 1.0, 1e6 if context_half else 1e-12]))
+    c, bh, psi, c0, g, ch = (r.x * scale).tolist()
+    return c, bh, psi, c0, g, (ch if context_half else 0.0)
+
+
+def small_decode_rows(table, max_batch: int) -> dict:
+    """The profile's decode rows per batch size up to max_batch: {b: {context: mean contexts Σ(m+1)/b increasing,
+    s: seconds per layer (median of repeats)}}, kept where at least two contexts were timed."""
+    dec = table[table["op"] == "attn_decode"]
+    rows = {}
+    for spec, t in zip(dec["decode"], dec["time_ms"].to_numpy(float)):
+        ctx = parse_decode(spec)
+        if len(ctx) <= max_batch:
+            rows.setdefault(len(ctx), {}).setdefault(sum(ctx) / len(ctx), []).append(t * 1e-3)
+    out = {}
+    for b, by_ctx in sorted(rows.items()):
+        if len(by_ctx) >= 2:
+            xs = sorted(by_ctx)
+            out[b] = {"context": xs, "s": [float(np.median(by_ctx[x])) for x in xs]}
+    return out
 
 
 def fit_prefill(table):
@@ -215,7 +236,7 @@ def fit_roofline(table, model, gpu):
     s = Shard.of(model, 1)
     dec = fit_decode(table, model, gpu)
     if dec is not None:
-        c, bh, psi, c0, g = dec
+        c, bh, psi, c0, g, _ = dec
         params["decode_batch_exp"] = g
         kv_token = 2.0 * (s.mla_latent / 2 if s.mla_latent else s.kv_width) * s.kv_bytes
         params["decode_memory_eff"] = min(MAX_DECODE_EFF, kv_token / (gpu.hbm_bytes_per_s * c))
@@ -244,7 +265,7 @@ def fit_roofline(table, model, gpu):
 def fit_profiled(table, model, gpu, tp: int = 1, base=None):
     """The pair's measured dense tables (every tensor-parallel degree present), embedding, and constrained
     attention fits; attention the rows lack comes from roofline v2 for the GPU."""
-    from costmodels.profiled import ProfiledCostModel
+    from costmodels.profiled import SMALL_DECODE_BATCH, ProfiledCostModel
     from costmodels.roofline import RooflineCostModel
     d = _dense_rows(table, model)
     _need(d, LAYER_OPS, "profiled")
@@ -257,15 +278,18 @@ def fit_profiled(table, model, gpu, tp: int = 1, base=None):
     emb = d[(d["op"] == "emb") & (d["tp"] == min(dense))].groupby("num_tokens")["time_ms"].median()
     emb_fit = {"tokens": emb.index.to_numpy(int).tolist(), "ms": emb.to_numpy(float).tolist()} if len(emb) > 1 else None
     base = base or RooflineCostModel(model, gpu, tp=1)
-    dec = fit_decode(table, model, gpu)
+    dec = fit_decode(table, model, gpu, context_half=True)
     pre = fit_prefill(table)
+    small = small_decode_rows(table, SMALL_DECODE_BATCH) if dec is not None else {}
     if dec is None:
         c = base._dec
-        dec = (c[0], c[1], c[2], c[3], c[4])
+        dec = (c[0], c[1], c[2], c[3], c[4], c[5])
     if pre is None:
         pre = tuple(base._pre)
-    return ProfiledCostModel(dense, dict(zip(("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp"),
-                                             dec)),
+    decode = dict(zip(("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp", "ctx_half"), dec))
+    if small:
+        decode["small_batch"] = small
+    return ProfiledCostModel(dense, decode,
                              dict(zip(("ck_s", "c2_s", "c_s", "k_s", "per_seq_s"), pre)), model, gpu,
                              tp=tp if tp in dense else min(dense), emb=emb_fit, profiled_tp=1)
 

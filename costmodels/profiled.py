@@ -3,9 +3,12 @@
 - Non-attention operators: the profile's own per-layer times (the sum of every operator at each profiled token
   count, for each tensor-parallel degree), linear between profiled counts; beyond the last one the last
   measurement grows as roofline v2 does. Measured GEMM tile dips are kept, they are the data.
-- Decode attention: t = Σ(m + 1) · c · (1 + b_half/b)^γ + ψ·b + c0 per layer (b requests reading m cached tokens
-  each; the factor is the occupancy loss of small batches), fitted with every coefficient ≥ 0 and γ ≤ 1:
-  non-negative, and monotone in context and in the number of requests.
+- Decode attention: t = Σ(m + 1) · c · (1 + (b_half + ch·m̄/1000)/b)^γ + ψ·b + c0 per layer (b requests reading m
+  cached tokens each, m̄ their mean; the factor is the occupancy loss of small batches, larger the longer the
+  contexts), fitted with every coefficient ≥ 0 and γ ≤ 1: non-negative, and monotone in context and in the number
+  of requests. Up to SMALL_DECODE_BATCH requests the profile's own rows for that batch size are used instead,
+  linear in the mean context between the profiled ones: there the time steps with the waves of thread blocks
+  over the SMs (on the A100, at 4, 7 and 14 requests of Llama-2-7B), which no smooth form follows.
 - Prefill attention: t = a1·Σck + a2·Σc² + a3·Σc + a4·Σk + a5·n per layer (chunks c after k cached tokens),
   non-negative least squares: monotone in chunk and context.
 - lm_head, sampling and tensor-parallel all-reduces come from roofline v2 (the profiles do not time them).
@@ -24,7 +27,8 @@ from costmodels.base import register_costmodel
 from costmodels.errors import UserError
 from costmodels.roofline import RooflineCostModel
 
-DECODE_KEYS = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp")
+DECODE_KEYS = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp")    # plus optional ctx_half,
+SMALL_DECODE_BATCH = 16          # small_batch: {b: {context: [...], s: [...]}} measured rows up to this many requests
 PREFILL_KEYS = ("ck_s", "c2_s", "c_s", "k_s", "per_seq_s")
 
 
@@ -64,7 +68,10 @@ class ProfiledCostModel(RooflineCostModel):
         # per-request decode time: a thread block per (request, KV head), as in roofline v2
         self._dec = (float(d["per_kv_token_s"]) * kv_scale * a, float(d["batch_half"]),
                      float(d["per_seq_s"]) * k * kv_scale,
-                     float(d["fixed_s"]) * k, float(d["batch_exp"]))
+                     float(d["fixed_s"]) * k, float(d["batch_exp"]), float(d.get("ctx_half", 0.0)))
+        # measured small-batch rows, scaled like the per-request time (KV heads on the shard, the engine's kernel)
+        self._small = {int(b): ([float(x) for x in row["context"]], [float(y) * kv_scale * a for y in row["s"]])
+                       for b, row in (d.get("small_batch") or {}).items() if len(row["context"]) >= 2}
         self._pre = (float(p["ck_s"]) * q_scale, float(p["c2_s"]) * q_scale, float(p["c_s"]) * q_scale,
                      float(p["k_s"]) * kv_scale, float(p["per_seq_s"]) * k)
         t = self.dense_tables[tp]
@@ -123,7 +130,12 @@ class ProfiledCostModel(RooflineCostModel):
                           for k, v in sorted(self.dense_tables.items())},
                 "emb": ({"tokens": [int(x) for x in self.emb_fit["tokens"]], "ms": [r(x) for x in self.emb_fit["ms"]]}
                         if self.emb_fit else None),
-                "decode": {k: r(self.decode_fit[k]) for k in DECODE_KEYS},
+                "decode": {**{k: r(self.decode_fit[k]) for k in DECODE_KEYS},
+                           **({"ctx_half": r(self.decode_fit["ctx_half"])} if "ctx_half" in self.decode_fit else {}),
+                           **({"small_batch": {int(b): {"context": [r(x) for x in row["context"]],
+                                                        "s": [r(y) for y in row["s"]]}
+                                               for b, row in sorted(self.decode_fit["small_batch"].items())}}
+                              if self.decode_fit.get("small_batch") else {})},
                 "prefill": {k: r(self.prefill_fit[k]) for k in PREFILL_KEYS},
                 "provenance": self.provenance}
 

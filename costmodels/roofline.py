@@ -24,6 +24,7 @@ Efficiencies: profiles/roofline-efficiencies.yaml, fitted per GPU family where a
 data named there); other GPUs take the A100 fit's fractions of their own datasheet peaks."""
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
 
@@ -73,6 +74,13 @@ def load_efficiencies(family: str | None) -> tuple[dict, dict]:
     fams = d.get("families", {})
     entry = fams.get(family) or fams.get(d.get("default_family", "ampere")) or {}
     return dict(entry.get("params", {})), dict(entry.get("provenance", {}))
+
+
+def piecewise_linear(xs, ys, x: float) -> float:
+    """y at x within the measured points (xs increasing, xs[0] <= x <= xs[-1]): linear between the two around it.
+    Pure Python, so the plain and the fast paths get the same float."""
+    k = min(bisect.bisect_right(xs, x) - 1, len(xs) - 2)
+    return ys[k] + (x - xs[k]) * (ys[k + 1] - ys[k]) / (xs[k + 1] - xs[k])
 
 
 class RooflineCostModel(CostModel):
@@ -202,8 +210,30 @@ class RooflineCostModel(CostModel):
         """Decode attention per layer from the count and Σ(m + 1) (the exact function the fast paths use)."""
         if not n_decode:
             return 0.0
+        return self._decode_layer_s(n_decode, kv_read)
+
+    def _decode_layer_s(self, n: int, kv_read) -> float:
+        """Decode attention per layer for n requests reading kv_read = Σ(m + 1) tokens: a measured small-batch row
+        where the model has one (profiled), else the smooth form; the one function every path calls, so the
+        plain and the fast paths get the same float."""
+        row = self._small.get(n)
+        if row is not None:
+            xs, ys = row
+            x = kv_read / n
+            if xs[0] <= x <= xs[-1]:
+                return piecewise_linear(xs, ys, x)
+            # outside the measured contexts: the smooth form's shape, scaled to meet the nearest measured point
+            end = 0 if x < xs[0] else -1
+            return self._smooth_decode_s(n, kv_read) * ys[end] / self._smooth_decode_s(n, n * xs[end])
+        return self._smooth_decode_s(n, kv_read)
+
+    def _smooth_decode_s(self, n: int, kv_read) -> float:
         c = self._dec
-        return kv_read * c[0] * self._occupancy(n_decode) + c[2] * n_decode + c[3]
+        if c[5]:
+            occ = math.pow(1.0 + (c[1] + c[5] * (kv_read / n) / 1000.0) / n, c[4])
+        else:
+            occ = self._occupancy(n)
+        return kv_read * c[0] * occ + c[2] * n + c[3]
 
     def _occupancy(self, b: int) -> float:
         """(1 + b_half/b)^γ, from a table (math.pow per entry, so every path gets the same float)."""
@@ -262,7 +292,8 @@ class RooflineCostModel(CostModel):
         per_seq = p["decode_per_seq_s"] * kv_heads / DECODE_FIT_KV_HEADS
         self._dec = (kv_token / (g.hbm_bytes_per_s * p["decode_memory_eff"]), p["decode_batch_half"],
                      per_seq + 2.0 * s.q_width * s.act_bytes / (g.hbm_bytes_per_s * p["decode_memory_eff"]),
-                     p["decode_fixed_s"], p["decode_batch_exp"])
+                     p["decode_fixed_s"], p["decode_batch_exp"], 0.0)
+        self._small = {}                # measured decode rows by batch size (the profiled model's; none here)
         chunk_bytes = 2.0 * s.q_width * s.act_bytes + 2.0 * kv_token     # Q, O; the chunk's K/V read and written
         self._pre = (4.0 * s.q_width / (g.peak_flops * p["prefill_ck_eff"]),
                      4.0 * s.q_width / (g.peak_flops * p["prefill_cc_eff"]) / 2.0,
@@ -303,7 +334,10 @@ class RooflineCostModel(CostModel):
         attn = 0.0
         if n_decode:
             c = self._dec
-            attn = kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3]
+            if c[5] or n_decode in self._small:
+                attn = self._decode_layer_s(n_decode, kv_read)
+            else:
+                attn = kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3]
         if n_prefill:
             a = self._pre
             attn += (a[0] * sum_ck + a[1] * sum_c2 + a[2] * (n_tokens - n_decode) + a[3] * sum_k_prefill
@@ -325,6 +359,12 @@ class RooflineCostModel(CostModel):
         c = self._dec
         nf = n.astype(float)
         attn = kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * nf + c[3]
+        if c[5] or self._small:        # measured rows / context-dependent occupancy: the scalar path's function
+            f, small, vals = self._decode_layer_s, self._small, attn.tolist()
+            for i, (b, kv) in enumerate(zip(n.tolist(), kv_read.tolist())):
+                if b and (c[5] or b in small):
+                    vals[i] = f(b, kv)
+            attn = np.array(vals)
         layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))
         t = layer + self.layers * attn + emb + step
         return t + self.params_in_use["step_overhead_s"] + self.cpu_times(n)

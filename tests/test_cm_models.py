@@ -200,11 +200,15 @@ def test_profiled_meets_heldout_accuracy_on_contiguous_blocks(vidur):
     cm = fit("profiled", train, L7, A100)
     e = heldout_errors(cm, test, reference=table).set_index("what")
     assert e.loc["attn_prefill", "mape_pct"] <= 8.0
-    assert e.loc["attn_decode", "mape_pct"] <= 7.0         # the target is 6 (see the benchmark)
+    assert e.loc["attn_decode", "mape_pct"] <= 6.0
     assert abs(e.loc["attn_decode, batch <= 8", "bias_pct"]) <= 5.0
     assert e.loc["iteration (mixed-batch grid)", "mape_pct"] <= 8.0
-    # non-negative, monotone attention
+    # non-negative, monotone attention; measured small-batch rows increasing in context
+    small = cm.decode_fit.pop("small_batch")
     assert all(v >= 0 for v in cm.decode_fit.values()) and all(v >= 0 for v in cm.prefill_fit.values())
+    assert small and max(small) <= 16
+    for row in small.values():
+        assert all(a < b for a, b in zip(row["context"], row["context"][1:])) and min(row["s"]) > 0
 
 
 def test_roofline_fitted_on_a100_transfers_to_h100_without_refit(shared_data, vidur):
