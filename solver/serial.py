@@ -36,7 +36,7 @@ MAX_SKELETONS = 1 << 12      # (n − 1)(O − 1) decode batches can carry chunk
 
 @dataclass
 class SerialResult:
-    status: str                 # optimal | gap (bound and incumbent further apart than the tolerance)
+    status: str                 # optimal | gap (bound and incumbent further apart than the tolerance) | time_limit
     value_ms: float             # the incumbent's exact objective
     bound_ms: float             # proven lower bound over every schedule of the instance
     schedule: Schedule
@@ -225,27 +225,31 @@ class _Skeletons:
         return Schedule(steps)
 
 
-def solve_serial(inst, tol: float = 1e-6) -> SerialResult:
+def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf) -> SerialResult:
     """Every skeleton's QP, with X = 0, 1, … chunk-only batches while X of them could still pay; the least dual
-    bound (eviction schedules bounded analytically) and the best rounded schedule."""
+    bound (eviction schedules bounded analytically) and the best rounded schedule. Stopped by the time limit, the
+    bound still holds: every skeleton not yet solved has at least the current X chunk-only batches."""
     t0 = time.perf_counter()
     sk = _Skeletons(inst)
     T = inst.terms
     positions = range((sk.n - 1) * sk.O + 1)           # a chunk-only batch before any event batch up to the last fill
     best_bound, count, pruned = math.inf, 0, 0
     incumbent, best_sched = math.inf, None
-    X = 0
-    while sk.fixed_ms + X * (T.base + T.pbase) < min(incumbent, best_bound):
+    X, stopped = 0, False
+    while not stopped and sk.fixed_ms + X * (T.base + T.pbase) < best_bound:
+        base = sk.fixed_ms + X * (T.base + T.pbase)
         for extra in itertools.combinations_with_replacement(positions, X):
             # every decode batch carrying is the loosest skeleton with these extras: its QP bounds all the others
             floor, _ = sk.solve_qp(tuple(sk.decode_batches), extra)
             count += 1
-            base = sk.fixed_ms + X * (T.base + T.pbase)
             for r in range(len(sk.decode_batches) + 1):
-                if base + r * T.pbase + floor >= min(incumbent, best_bound):
+                if base + r * T.pbase + floor >= best_bound:
                     pruned += math.comb(len(sk.decode_batches), r)
                     continue
                 for carry in itertools.combinations(sk.decode_batches, r):
+                    if time.perf_counter() - t0 > time_limit_s:
+                        stopped = True
+                        break
                     bound, primal = sk.solve_qp(carry, extra)
                     count += 1
                     value = base + r * T.pbase + bound
@@ -255,10 +259,15 @@ def solve_serial(inst, tol: float = 1e-6) -> SerialResult:
                         ms = evaluate(inst, sched).objective(inst, "makespan") * 1e3
                         if ms < incumbent:
                             incumbent, best_sched = ms, sched
-        X += 1
+                if stopped:
+                    break
+            if stopped:
+                break
+        if not stopped:
+            X += 1
     more = sk.fixed_ms + X * (T.base + T.pbase)        # every schedule with X or more chunk-only batches
-    notes = [f"{count} chunk-size QPs (HiGHS) over skeletons with up to {X - 1} chunk-only batch(es); "
-             f"{pruned} skeletons cut by their loosest relaxation"]
+    notes = [f"{count} chunk-size QPs (HiGHS) over skeletons with up to {X - (not stopped)} chunk-only batch(es); "
+             f"{pruned} skeletons cut by their loosest relaxation" + ("; stopped at the time limit" if stopped else "")]
     bound_ms = min(best_bound, more)
     if inst.options.evictions:
         evicting = decode_eviction_bound_ms(inst)
@@ -266,5 +275,6 @@ def solve_serial(inst, tol: float = 1e-6) -> SerialResult:
             notes.append(f"schedules that evict are bounded only at {evicting:.6f} ms")
         bound_ms = min(bound_ms, evicting)
     bound_ms = min(bound_ms, incumbent)
-    status = "optimal" if (incumbent - bound_ms) <= tol * incumbent else "gap"
+    proven = math.isfinite(incumbent) and incumbent - bound_ms <= tol * incumbent
+    status = "optimal" if proven else ("time_limit" if stopped else "gap")
     return SerialResult(status, incumbent, bound_ms, best_sched, count, time.perf_counter() - t0, notes)

@@ -210,7 +210,8 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         from solver.serial import applies as serial_applies, solve_serial
         yes, why_serial = serial_applies(inst)
         if yes:
-            sr = solve_serial(inst, PROVEN_GAP)
+            budget = opt.time_limit_s if opt.backend == "serial" else SEARCH_SHARE * opt.time_limit_s
+            sr = solve_serial(inst, PROVEN_GAP, budget)
             notes += [f"skeleton decomposition: {note}" for note in sr.notes]
             notes.append(f"skeleton decomposition: {sr.status} in {sr.time_s:.2f} s")
             if sr.status == "optimal" or opt.backend == "serial":
@@ -219,10 +220,11 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
                                sr.bound_ms / 1e3, "")
             # not proven (evicting may pay): its bound stays valid, its schedule seeds what follows
             serial_bound_s = sr.bound_ms / 1e3
-            presets = presets + [PresetRun("eviction-free optimum (skeleton QPs)", sr.value_ms / 1e3,
-                                           len(sr.schedule), 0, sr.schedule, True)]
-            ok_presets = [p for p in presets if p.csp_valid and p.schedule is not None]
-            best_any = min(ok_presets, key=lambda p: p.value_s)
+            if sr.schedule is not None:
+                presets = presets + [PresetRun("eviction-free optimum (skeleton QPs)", sr.value_ms / 1e3,
+                                               len(sr.schedule), 0, sr.schedule, True)]
+                ok_presets = [p for p in presets if p.csp_valid and p.schedule is not None]
+                best_any = min(ok_presets, key=lambda p: p.value_s)
         elif opt.backend == "serial":
             raise UserError(f"solver.backend: the skeleton decomposition does not apply here: {why_serial}")
     search_bound_s = math.nan

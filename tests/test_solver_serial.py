@@ -74,6 +74,15 @@ def test_section45_large_points_proven_for_both_problems(cm, I):
         assert any("up to 1 chunk-only" in note for note in r.notes)
 
 
+def test_stopped_at_the_time_limit_its_bound_still_holds(cm):
+    inst = make(cm, 3, 7, 3, 14, evictions=False, presets=[])
+    exact = search(inst).value_ms
+    r = solve_serial(inst, time_limit_s=0.0)
+    assert r.status == "time_limit" and "stopped at the time limit" in r.notes[0]
+    assert r.bound_ms <= exact * (1 + 1e-9)
+    assert solve_serial(inst).bound_ms >= r.bound_ms
+
+
 def test_rounded_schedule_keeps_the_kv_budget_and_whole_prompts(cm):
     inst = make(cm, 3, 97, 3, 194, evictions=False)
     r = solve_serial(inst)
