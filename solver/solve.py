@@ -14,6 +14,7 @@ from solver.schedule import InvalidSchedule, Schedule, Step, evaluate
 REPLAY_RTOL = 1e-6
 PROVEN_GAP = 1e-6            # a relative gap this small counts as proven optimal (the solvers' own tolerance)
 SEARCH_SHARE = 0.5           # backend auto: share of the time limit the exact search may use before the MILP
+PACKING_SHARE = 0.25         # share of the time limit the event packing (solver.packing) may use before the MILP
 MAX_CELLS = 20_000          # requests × batch slots beyond which the MILP is refused up front
 
 
@@ -250,6 +251,8 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
             raise UserError(f"solver.backend: the exact search does not apply here: {why_search}; use auto or highs")
         else:
             notes.append(f"exact search skipped: {why_search}")
+    if goal_ms is None and not inst.online:
+        presets = presets + _event_packing(inst, presets, PACKING_SHARE * opt.time_limit_s, notes)
     safe = sufficient_horizon(inst, presets, goal_s)
     J = opt.horizon or (safe if safe is not None else default_horizon(inst, presets))
     if safe is not None and J >= safe:
@@ -314,6 +317,28 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
                         bound_source=source)
     _check_replay(inst, res)
     return res
+
+
+def _event_packing(inst, presets, budget_s: float, notes: list) -> list:
+    """The event-packing schedule (solver.packing), seeded by the best eviction-free preset, as one more seed for
+    the MILP: [] where it cannot run or finds nothing valid."""
+    from solver.packing import packing_schedule
+    seeds = [p for p in presets if p.csp_valid and p.schedule is not None and p.evictions == 0]
+    if not seeds:
+        return []
+    seed = min(seeds, key=lambda p: p.value_s)
+    t0 = time.perf_counter()
+    sched = packing_schedule(inst, len(seed.schedule), budget_s, seed.schedule)
+    if sched is None:
+        return []
+    try:
+        value = evaluate(inst, sched).objective(inst, inst.options.objective)
+    except InvalidSchedule as e:           # a packing the CSP rejects would be a bug here: say so, keep going
+        notes.append(f"event packing gave an invalid schedule ({e}); not used")
+        return []
+    notes.append(f"event packing: {1e3 * value:.3f} ms in {time.perf_counter() - t0:.1f} s "
+                 f"({len(sched)} batches; best eviction-free preset {seed.name}: {1e3 * seed.value_s:.3f} ms)")
+    return [PresetRun("event packing", value, len(sched), 0, sched, True)]
 
 
 def analytic_bound_s(inst) -> float:
