@@ -10,16 +10,27 @@ prefill and decode biases of the batches that hold a first token or a decode. Th
 incumbent and a warm start for the CSP), not a bound: chunked prefills and evictions are left out. Offline only."""
 from __future__ import annotations
 
+import math
+
 from solver.backends import solve_highs
+from solver.bounds import later_token_ms
 from solver.model import MilpModel
 from solver.schedule import Schedule, Step
 
 
-def packing_model(inst, J: int) -> MilpModel | None:
-    """The event-packing MILP over J batches, or None where a whole prompt breaks C or P (or arrivals differ)."""
+def packing_model(inst, J: int, relax: bool = False, evictions: bool | None = None) -> MilpModel | None:
+    """The event-packing MILP over J batches, or None where a whole prompt breaks C or P (or arrivals differ).
+
+    relax=True gives instead a relaxation of the whole CSP (makespan, offline), whose optimum bounds every schedule
+    of at most J batches that make tokens: a prompt may be chunked (so no C or P rows, and no KV before the first
+    token), a decode-phase eviction (with evictions on) frees the request's KV until it resumes, and each resume
+    costs at least the cheapest refill extra of that request; batch costs only where a token is made, the decode
+    bias at the cheaper of the two biases; the tokens, KV reads and Σ c² every schedule pays are the offset.
+    `evictions` overrides the instance's switch (False: a bound over the eviction-free schedules only)."""
     opt, T, n = inst.options, inst.terms, inst.n
-    if inst.online or any(p > min(opt.C, inst.P_eff) for p in inst.prompt) or max(inst.output) > J:
+    if inst.online or max(inst.output) > J or (not relax and any(p > min(opt.C, inst.P_eff) for p in inst.prompt)):
         return None
+    evict = relax and (opt.evictions if evictions is None else evictions)
     md = MilpModel()
     X = {}
     for i in range(n):
@@ -28,7 +39,11 @@ def packing_model(inst, J: int) -> MilpModel | None:
                 X[i, t, j] = md.binary(("X", i, t, j))
     y = [md.binary(("y", j), T.base) for j in range(J)]
     yp = [md.binary(("yp", j), T.pbase) for j in range(J)]
-    yd = [md.binary(("yd", j), T.dbase) for j in range(J)]
+    yd = [md.binary(("yd", j), min(T.pbase, T.dbase) if evict else T.dbase) for j in range(J)]
+    if relax:
+        md.obj_offset = (T.tok * sum(inst.peak(i) for i in range(n)) + T.sq * sum(inst.prompt)
+                         + sum(later_token_ms(T, inst.prompt[i], t) for i in range(n)
+                               for t in range(2, inst.output[i] + 1)))
 
     def event(i, t, j):                       # 1 where batch j makes token t of request i
         return [(X[i, t, j], 1.0)] + ([(X[i, t, j - 1], -1.0)] if j else [])
@@ -44,7 +59,19 @@ def packing_model(inst, J: int) -> MilpModel | None:
                 for j in range(1, J):
                     md.le([(X[i, t, j], 1.0), (X[i, t - 1, j - 1], -1.0)], 0)
             for j in range(J):
-                md.ge([(yp[j] if t == 1 else yd[j], 1.0)] + [(c, -v) for c, v in event(i, t, j)], 0)
+                # a later token is a decode, or with evictions a refill, which pays no more than a first token's
+                # prefill bias in the same batch: yd + yp ≥ it there
+                flags = [(yp[j], 1.0)] if t == 1 else [(yd[j], 1.0)] + ([(yp[j], 1.0)] if evict else [])
+                md.ge(flags + [(c, -v) for c, v in event(i, t, j)], 0)
+        if evict and O > 1:
+            refill = min(T.tok * (I0 + t - 2) - later_token_ms(T, I0, t) for t in range(2, O + 1))
+            for j in range(J):
+                z = md.binary(("z", i, j))                                # holds no KV in batch j (evicted)
+                for t in range(1, O + 1):
+                    md.le([(z, 1.0)] + event(i, t, j), 1)                 # never in a batch that makes its token
+                if j:
+                    md.ge([(md.var(("r", i, j), 0, 1, cost=refill), 1.0), (md.index[("z", i, j - 1)], -1.0),
+                           (z, 1.0)], 0)                                  # a resume: evicted before, not now
     for j in range(J):
         held, tokens, prefill, running = [], [], [], []
         for i in range(n):
@@ -53,25 +80,51 @@ def packing_model(inst, J: int) -> MilpModel | None:
             a = md.var(("a", i, j), 0, 1)
             md.ge([(a, 1.0), (X[i, 1, j], -1.0)] + ([(X[i, O, j - 1], 1.0)] if j else []), 0)
             v = md.var(("v", i, j), 0, I0 + O)
-            md.ge([(v, 1.0), (a, -(I0 + O - 1))] + [(X[i, t, j], -1.0) for t in range(2, O + 1)], -(O - 1))
+            free = [(md.index[("z", i, j)], I0 + O)] if ("z", i, j) in md.index else []
+            md.ge([(v, 1.0), (a, -(I0 + O - 1))] + [(X[i, t, j], -1.0) for t in range(2, O + 1)] + free, -(O - 1))
             held.append((v, 1.0))
             running.append((a, 1.0))
+            running += [(c, -1.0) for c, _ in free]
             tokens += [(c, I0 * s) for c, s in event(i, 1, j)]
             prefill += [(c, I0 * s) for c, s in event(i, 1, j)]
             for t in range(2, O + 1):
                 tokens += event(i, t, j)
         md.le(held, inst.M)
-        md.le(tokens, opt.C)
-        md.le(tokens if opt.p_counts_decode_tokens else prefill, inst.P_eff)   # (the first: conservative)
+        if not relax:
+            md.le(tokens, opt.C)
+            md.le(tokens if opt.p_counts_decode_tokens else prefill, inst.P_eff)   # (the first: conservative)
         if inst.R_eff < n:
             md.le(running, inst.R_eff)
         md.ge([(y[j], 1.0), (yp[j], -1.0)], 0)
         md.ge([(y[j], 1.0), (yd[j], -1.0)], 0)
         if j + 1 < J:
             md.ge([(y[j], 1.0), (y[j + 1], -1.0)], 0)                    # busy batches first
-        if not opt.hybrid:
+        if not opt.hybrid and not relax:
             md.le([(yp[j], 1.0), (yd[j], 1.0)], 1)
     return md
+
+
+def event_bound_ms(inst, J: int, time_limit_s: float) -> float:
+    """A lower bound (ms) on the makespan of every schedule whose token-making batches number at most J: the best
+    bound HiGHS proves on the relaxed event model in the time given (nan if it cannot run). With evictions on, the
+    larger of that model's bound and min(its eviction-free bound, the analytic bound of schedules that evict in a
+    decode phase): the eviction-free relaxation is far tighter, its LP not being loosened by free evictions."""
+    if inst.options.objective != "makespan":
+        return math.nan
+    md = packing_model(inst, J, relax=True)
+    if md is None:
+        return math.nan
+    if not inst.options.evictions:
+        return _proved(md, inst, time_limit_s)
+    from solver.bounds import decode_eviction_bound_ms
+    split = min(_proved(packing_model(inst, J, relax=True, evictions=False), inst, time_limit_s / 2),
+                decode_eviction_bound_ms(inst))
+    return max(_proved(md, inst, time_limit_s / 2), split)
+
+
+def _proved(md, inst, time_limit_s: float) -> float:
+    r = solve_highs(md, inst.options, None, time_limit_s, {})
+    return r.bound if math.isfinite(r.bound) else -math.inf
 
 
 def packing_schedule(inst, J: int, time_limit_s: float, seed: Schedule | None = None) -> Schedule | None:

@@ -15,6 +15,7 @@ REPLAY_RTOL = 1e-6
 PROVEN_GAP = 1e-6            # a relative gap this small counts as proven optimal (the solvers' own tolerance)
 SEARCH_SHARE = 0.5           # backend auto: share of the time limit the exact search may use before the MILP
 PACKING_SHARE = 0.25         # share of the time limit the event packing (solver.packing) may use before the MILP
+EVENT_BOUND_SHARE = 0.15     # share of the time limit the event relaxation's bound (solver.packing) may use
 MAX_CELLS = 20_000          # requests × batch slots beyond which the MILP is refused up front
 
 
@@ -254,6 +255,9 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     if goal_ms is None and not inst.online:
         presets = presets + _event_packing(inst, presets, PACKING_SHARE * opt.time_limit_s, notes)
     safe = sufficient_horizon(inst, presets, goal_s)
+    event_bound_s = math.nan
+    if goal_ms is None and safe is not None and opt.objective == "makespan":
+        event_bound_s = _event_bound(inst, presets, safe, EVENT_BOUND_SHARE * opt.time_limit_s, notes)
     J = opt.horizon or (safe if safe is not None else default_horizon(inst, presets))
     if safe is not None and J >= safe:
         notes.append(f"horizon J = {J} batches is provably enough: the bound holds over all schedules")
@@ -304,7 +308,7 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
     if goal_ms is None:
         # the best of the bounds at hand, named: the MILP's, the exact search's (stopped early), the analytic one
         for value, name in ((search_bound_s, "exact search (stopped early)"), (serial_bound_s, "skeleton QPs"),
-                            (analytic_bound_s(inst), "analytic")):
+                            (event_bound_s, "event relaxation"), (analytic_bound_s(inst), "analytic")):
             if math.isfinite(value) and (not math.isfinite(bound) or value > bound):
                 bound, source = value, name
     gap = (inc - bound) / inc if math.isfinite(inc) and math.isfinite(bound) and inc > 0 else math.nan
@@ -339,6 +343,19 @@ def _event_packing(inst, presets, budget_s: float, notes: list) -> list:
     notes.append(f"event packing: {1e3 * value:.3f} ms in {time.perf_counter() - t0:.1f} s "
                  f"({len(sched)} batches; best eviction-free preset {seed.name}: {1e3 * seed.value_s:.3f} ms)")
     return [PresetRun("event packing", value, len(sched), 0, sched, True)]
+
+
+def _event_bound(inst, presets, J: int, budget_s: float, notes: list) -> float:
+    """The event relaxation's bound (s) over schedules of at most J batches, which is all that could beat the best
+    valid schedule at hand (its value V; sufficient_horizon): so min(bound, V) holds for every schedule."""
+    from solver.packing import event_bound_ms
+    t0 = time.perf_counter()
+    bound_ms = event_bound_ms(inst, J, budget_s)
+    if not math.isfinite(bound_ms):
+        return math.nan
+    best = min(p.value_s for p in presets if p.csp_valid and math.isfinite(p.value_s))
+    notes.append(f"event relaxation over {J} batches: bound {bound_ms:.3f} ms in {time.perf_counter() - t0:.1f} s")
+    return min(bound_ms / 1e3, best)
 
 
 def analytic_bound_s(inst) -> float:

@@ -60,3 +60,42 @@ def test_solve_is_seeded_by_it_and_replays(cm):
     assert packed and any(n.startswith("event packing") for n in r.notes)
     assert r.incumbent_s <= packed[0].value_s * (1 + 1e-12)
     assert r.replay_rel_err <= 1e-6 and r.gap <= 0.01
+
+
+# -- the event relaxation's bound ----------------------------------------------------------------------------------
+def _random_instances(count, seed=0):
+    import random
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.randint(1, 3)
+        prompt = [rng.randint(1, 7) for _ in range(n)]
+        output = [rng.randint(1, 4) for _ in range(n)]
+        peak = max(p + o - 1 for p, o in zip(prompt, output))
+        M = rng.randint(peak, max(peak, sum(p + o - 1 for p, o in zip(prompt, output))))
+        yield prompt, output, M, rng.choice([{}, {"evictions": False}, {"hybrid": False}, {"R_max": 1}, {"C": 3}])
+
+
+def test_event_bound_never_exceeds_the_exact_optimum(cm):
+    """Against the exact search on 120 random small instances (evictions on and off, hybrid off, R_max, C): a refill
+    in the same batch as a first token pays no decode bias — the first version charged one, and this caught it."""
+    from solver.packing import event_bound_ms
+    from solver.search import search
+    tighter = 0
+    for prompt, output, M, kw in _random_instances(120):
+        inst = make(cm, prompt, output, M, presets=[], **kw)
+        exact = search(inst, time_limit_s=20)
+        assert exact.status == "optimal"
+        J = len([s for s in exact.schedule.steps if s.tokens or s.evict]) + 2
+        bound = event_bound_ms(inst, J, 10.0)
+        assert bound <= exact.value_ms * (1 + 1e-9), (prompt, output, M, kw)
+        tighter += bound > makespan_bound_ms(inst)[0] * (1 + 1e-9)
+    assert tighter >= 20                                  # and it is often tighter than the analytic bound
+
+
+def test_event_bound_closes_the_eviction_free_heterogeneous_instance(cm):
+    from solver.packing import event_bound_ms
+    inst = heterogeneous(cm, evictions=False)
+    sched = packing_schedule(inst, 17, 20.0)
+    value = evaluate(inst, sched).objective(inst, "makespan") * 1e3
+    bound = event_bound_ms(inst, 17, 20.0)
+    assert bound <= value * (1 + 1e-9) and (value - bound) / value < 1e-3
