@@ -331,6 +331,9 @@ def _event_packing(inst, presets, budget_s: float, notes: list) -> list:
     if not seeds:
         return []
     seed = min(seeds, key=lambda p: p.value_s)
+    if inst.n * len(seed.schedule) > MAX_CELLS:
+        notes.append(f"event packing skipped: {inst.n} requests × {len(seed.schedule)} batches exceed {MAX_CELLS}")
+        return []
     t0 = time.perf_counter()
     sched = packing_schedule(inst, len(seed.schedule), budget_s, seed.schedule)
     if sched is None:
@@ -349,6 +352,8 @@ def _event_bound(inst, presets, J: int, budget_s: float, notes: list) -> float:
     """The event relaxation's bound (s) over schedules of at most J batches, which is all that could beat the best
     valid schedule at hand (its value V; sufficient_horizon): so min(bound, V) holds for every schedule."""
     from solver.packing import event_bound_ms
+    if inst.n * J > MAX_CELLS:
+        return math.nan
     t0 = time.perf_counter()
     bound_ms = event_bound_ms(inst, J, budget_s)
     if not math.isfinite(bound_ms):
