@@ -23,7 +23,8 @@ class SolverOptions:
     objective: str = "makespan"        # makespan | sum_completion | mean_ttft
     goal_factor: float = 0.0           # > 0: feasibility "is there a schedule with latency <= goal_factor × best preset?"
     horizon: int = 0                   # batch slots J; 0 = the most iterations any preset needed
-    backend: str = "auto"              # auto (skeleton QPs, exact search where they apply, then a MILP) | serial | search | highs | gurobi | cpsat
+    backend: str = "auto"              # auto (skeleton QPs, exact search, then a MILP) | serial | search | highs |
+    #                                    gurobi | cpsat
     time_limit_s: float = 60.0
     mip_gap: float = 1e-6
     threads: int = 1

@@ -2,12 +2,14 @@
 
 The full CSP decides chunk sizes, evictions and token events at once, and on heterogeneous instances HiGHS rarely
 gets past the presets' schedules in its time limit. Here each request's prompt is processed whole in the batch that
-makes its first token and its decodes follow, never evicted; what is chosen is only the batch of every token event
+makes its first token and its decodes follow; what is chosen is only the batch of every token event
 (time-indexed, cumulative binaries), so that the KV every request holds — its prompt and tokens so far, from its
 first token to its last — fits M in every batch, with C, P, R_max and hybrid batching respected. Tokens processed,
 KV reads and Σ c² are then fixed, and the objective is what the choice moves: the base bias of every batch and the
-prefill and decode biases of the batches that hold a first token or a decode. The result is a valid schedule (an
-incumbent and a warm start for the CSP), not a bound: chunked prefills and evictions are left out. Offline only."""
+prefill and decode biases of the batches that hold a first token or a decode. With evictions on, a request may also be
+evicted after a token and make its next token by refilling its whole input in that token's batch (priced at the
+refill's extra tokens and square, its prefill bias). The result is a valid schedule (an incumbent and a warm start
+for the CSP), not a bound: chunked prefills are left out. Offline only. packing_model(relax=True) is the bound."""
 from __future__ import annotations
 
 import math
@@ -30,7 +32,9 @@ def packing_model(inst, J: int, relax: bool = False, evictions: bool | None = No
     opt, T, n = inst.options, inst.terms, inst.n
     if inst.online or max(inst.output) > J or (not relax and any(p > min(opt.C, inst.P_eff) for p in inst.prompt)):
         return None
-    evict = relax and (opt.evictions if evictions is None else evictions)
+    evictions_on = opt.evictions if evictions is None else evictions
+    evict = relax and evictions_on         # relaxation: an evicted request is free until it resumes
+    resumes = not relax and evictions_on   # schedule: evict after a token, refill whole in the next token's batch
     md = MilpModel()
     X = {}
     for i in range(n):
@@ -62,7 +66,19 @@ def packing_model(inst, J: int, relax: bool = False, evictions: bool | None = No
                 # a later token is a decode, or with evictions a refill, which pays no more than a first token's
                 # prefill bias in the same batch: yd + yp ≥ it there
                 flags = [(yp[j], 1.0)] if t == 1 else [(yd[j], 1.0)] + ([(yp[j], 1.0)] if evict else [])
+                if resumes and t > 1 and j:
+                    flags.append((_resume(md, inst, i, t, j, event), 1.0))      # a refill is not a decode
                 md.ge(flags + [(c, -v) for c, v in event(i, t, j)], 0)
+        if resumes and O > 1:
+            for j in range(J):
+                z = md.index[("z", i, j)] if ("z", i, j) in md.index else md.binary(("z", i, j))
+                for t in range(1, O + 1):
+                    md.le([(z, 1.0)] + event(i, t, j), 1)                 # never in a batch that makes its token
+                    if t > 1 and j:
+                        md.ge([(yp[j], 1.0), (md.index[("res", i, t, j)], -1.0)], 0)
+                if j:      # once evicted it holds nothing until a batch makes its next token (by the refill)
+                    md.ge([(z, 1.0), (md.index[("z", i, j - 1)], -1.0)]
+                          + [term for t in range(1, O + 1) for term in event(i, t, j)], 0)
         if evict and O > 1:
             refill = min(T.tok * (I0 + t - 2) - later_token_ms(T, I0, t) for t in range(2, O + 1))
             for j in range(J):
@@ -89,6 +105,9 @@ def packing_model(inst, J: int, relax: bool = False, evictions: bool | None = No
             prefill += [(c, I0 * s) for c, s in event(i, 1, j)]
             for t in range(2, O + 1):
                 tokens += event(i, t, j)
+                if ("res", i, t, j) in md.index:                          # a refill: I0 + t − 1 prefill tokens
+                    tokens.append((md.index[("res", i, t, j)], I0 + t - 2))
+                    prefill.append((md.index[("res", i, t, j)], I0 + t - 1))
         md.le(held, inst.M)
         if not relax:
             md.le(tokens, opt.C)
@@ -102,6 +121,19 @@ def packing_model(inst, J: int, relax: bool = False, evictions: bool | None = No
         if not opt.hybrid and not relax:
             md.le([(yp[j], 1.0), (yd[j], 1.0)], 1)
     return md
+
+
+def _resume(md: MilpModel, inst, i: int, t: int, j: int, event) -> int:
+    """res = 1 where batch j makes token t of request i by a refill (it was evicted in batch j − 1), priced at what
+    the refill costs over a decode: I0 + t − 2 more tokens, its chunk's square, less the decode's KV read."""
+    T, I0 = inst.terms, inst.prompt[i]
+    z = md.index[("z", i, j - 1)] if ("z", i, j - 1) in md.index else md.binary(("z", i, j - 1))
+    extra = T.tok * (I0 + t - 2) + T.sq * (I0 + t - 1) ** 2 - T.kv * (I0 + t - 1)
+    res = md.binary(("res", i, t, j), extra)
+    md.le([(res, 1.0), (z, -1.0)], 0)
+    md.le([(res, 1.0)] + [(c, -v) for c, v in event(i, t, j)], 0)
+    md.ge([(res, 1.0), (z, -1.0)] + [(c, -v) for c, v in event(i, t, j)], -1)
+    return res
 
 
 def event_bound_ms(inst, J: int, time_limit_s: float) -> float:
@@ -127,27 +159,34 @@ def _proved(md, inst, time_limit_s: float) -> float:
     return r.bound if math.isfinite(r.bound) else -math.inf
 
 
-def packing_schedule(inst, J: int, time_limit_s: float, seed: Schedule | None = None) -> Schedule | None:
+def packing_schedule(inst, J: int, time_limit_s: float, seed: Schedule | None = None,
+                     evictions: bool = False) -> Schedule | None:
     """The best event packing HiGHS finds in the time given over J batches, as a schedule; None if none. `seed`, an
-    eviction-free schedule of at most J batches, starts it (its token events pack, as it held at least that KV)."""
-    md = packing_model(inst, J)
+    eviction-free schedule of at most J batches, starts it (its token events pack, as it held at least that KV).
+    evictions=True (where the instance allows them) lets the packing evict and refill."""
+    md = packing_model(inst, J, evictions=evictions and inst.options.evictions)
     if md is None:
         return None
     start = _start_from(md, inst, seed, J) if seed is not None else None
     r = solve_highs(md, inst.options, start, time_limit_s, {})
     if r.x is None:
         return None
-    steps = []
+    on = lambda key: key in md.index and r.x[md.index[key]] > 0.5      # noqa: E731
+    made, holds, steps = [0] * inst.n, [False] * inst.n, []
     for j in range(J):
+        # evicted before this batch: a request that holds KV past a token, with its z set here
+        evict = [i for i in range(inst.n) if holds[i] and 0 < made[i] < inst.output[i] and on(("z", i, j))]
+        for i in evict:
+            holds[i] = False
         tokens = {}
         for i in range(inst.n):
-            for t in range(1, inst.output[i] + 1):
-                now = r.x[md.index[("X", i, t, j)]] > 0.5
-                before = j > 0 and r.x[md.index[("X", i, t, j - 1)]] > 0.5
-                if now and not before:
-                    tokens[i] = inst.prompt[i] if t == 1 else 1
-        if tokens:
-            steps.append(Step(tokens, []))
+            t = made[i] + 1
+            if t <= inst.output[i] and on(("X", i, t, j)):
+                # first token: the whole prompt; after an eviction: the whole refill (I0 + t − 1); else a decode
+                tokens[i] = inst.prompt[i] if t == 1 else (1 if holds[i] else inst.prompt[i] + t - 1)
+                made[i], holds[i] = t, t < inst.output[i]
+        if tokens or evict:
+            steps.append(Step(tokens, evict))
     return Schedule(steps)
 
 

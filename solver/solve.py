@@ -335,9 +335,15 @@ def _event_packing(inst, presets, budget_s: float, notes: list) -> list:
         notes.append(f"event packing skipped: {inst.n} requests × {len(seed.schedule)} batches exceed {MAX_CELLS}")
         return []
     t0 = time.perf_counter()
-    sched = packing_schedule(inst, len(seed.schedule), budget_s, seed.schedule)
+    J = len(seed.schedule)
+    sched = packing_schedule(inst, J, budget_s, seed.schedule)
     if sched is None:
         return []
+    left = budget_s - (time.perf_counter() - t0)
+    if inst.options.evictions and left > 0.5:
+        # time to spare (the eviction-free packing was proven early): let it evict, started from that packing, so
+        # never worse; it is a harder model, so it never takes the eviction-free packing's time
+        sched = packing_schedule(inst, J, left, sched, evictions=True) or sched
     try:
         value = evaluate(inst, sched).objective(inst, inst.options.objective)
     except InvalidSchedule as e:           # a packing the CSP rejects would be a bug here: say so, keep going
