@@ -357,14 +357,13 @@ class RooflineCostModel(CostModel):
         if n.max() > self._n_max:
             self._grow(int(n.max()))
         c = self._dec
-        nf = n.astype(float)
-        attn = kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * nf + c[3]
-        if c[5] or self._small:        # measured rows / context-dependent occupancy: the scalar path's function
-            f, small, vals = self._decode_layer_s, self._small, attn.tolist()
-            for i, (b, kv) in enumerate(zip(n.tolist(), kv_read.tolist())):
-                if b and (c[5] or b in small):
-                    vals[i] = f(b, kv)
-            attn = np.array(vals)
+        if c[5]:                       # context-dependent occupancy: the scalar path's function, element by element
+            attn = np.array([self._decode_layer_s(b, kv) if b else c[3]
+                             for b, kv in zip(n.tolist(), kv_read.tolist())])
+        else:
+            attn = kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * n.astype(float) + c[3]
+            for i in np.flatnonzero(np.isin(n, list(self._small))) if self._small else ():
+                attn[i] = self._decode_layer_s(int(n[i]), int(kv_read[i]))     # measured small-batch rows
         layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))
         t = layer + self.layers * attn + emb + step
         return t + self.params_in_use["step_overhead_s"] + self.cpu_times(n)

@@ -345,13 +345,14 @@ def _event_packing(inst, presets, budget_s: float, notes: list) -> list:
         # never worse; it is a harder model, so it never takes the eviction-free packing's time
         sched = packing_schedule(inst, J, left, sched, evictions=True) or sched
     try:
-        value = evaluate(inst, sched).objective(inst, inst.options.objective)
+        traj = evaluate(inst, sched)
     except InvalidSchedule as e:           # a packing the CSP rejects would be a bug here: say so, keep going
         notes.append(f"event packing gave an invalid schedule ({e}); not used")
         return []
-    notes.append(f"event packing: {1e3 * value:.3f} ms in {time.perf_counter() - t0:.1f} s "
-                 f"({len(sched)} batches; best eviction-free preset {seed.name}: {1e3 * seed.value_s:.3f} ms)")
-    return [PresetRun("event packing", value, len(sched), 0, sched, True)]
+    value = traj.objective(inst, inst.options.objective)
+    notes.append(f"event packing: {1e3 * value:.3f} ms in {time.perf_counter() - t0:.1f} s ({len(sched)} batches, "
+                 f"{traj.evictions} evictions; best eviction-free preset {seed.name}: {1e3 * seed.value_s:.3f} ms)")
+    return [PresetRun("event packing", value, len(sched), traj.evictions, sched, True)]
 
 
 def _event_bound(inst, presets, J: int, budget_s: float, notes: list) -> float:
