@@ -58,6 +58,8 @@ def test_solve_is_seeded_by_it_and_replays(cm):
     r = solve(heterogeneous(cm, backend="highs", time_limit_s=8))
     packed = [p for p in r.presets if p.name == "event packing"]
     assert packed and any(n.startswith("event packing") for n in r.notes)
+    assert packed[0].evictions == evaluate(r_inst := heterogeneous(cm), packed[0].schedule).evictions
+    assert packed[0].value_s == pytest.approx(evaluate(r_inst, packed[0].schedule).objective(r_inst, "makespan"))
     assert r.incumbent_s <= packed[0].value_s * (1 + 1e-12)
     assert r.replay_rel_err <= 1e-6 and r.gap <= 0.01
 
