@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from costmodels import get_model
 from costmodels.errors import UserError
 from sim.cluster import routers
+from sim.cluster.ledger import LedgerError
 from sim.cluster.runner import run_scenario
 from sim.scenario.build import requests_from_table
 from sim.scenario.config import scenario_from_dict
@@ -85,13 +86,18 @@ def test_routers_place_requests_as_specified():
     raw = _base("vllm-v1")
     c = Cluster(scenario_from_dict({**raw, "cluster": {"replicas": 3, "router": "least_requests"}}))
     h0, h1, h2 = c.replicas
-    h0.routed, h1.routed, h2.routed = 5, 2, 2
-    h1.completed = 1
+    for h, n, tokens in ((h0, 5, 180), (h1, 2, 700), (h2, 2, 150)):
+        for i in range(n):
+            h.ledger.send((h.index, i), tokens)
+    h1.ledger.finish((1, 0))                                 # leaves with exactly what it was charged
+    assert [h.outstanding_requests for h in c.replicas] == [5, 1, 2]
+    assert [h.outstanding_tokens for h in c.replicas] == [900, 700, 300]
     req = c.requests[0]
     assert c.router.pick(req, c.replicas, 0.0) == 1          # fewest outstanding (ties: lowest index)
     lt = routers.build_router("least_tokens", np.random.default_rng(0))
-    h0.routed_tokens, h1.routed_tokens, h2.routed_tokens = 900, 1000, 300
     assert lt.pick(req, c.replicas, 0.0) == 2
+    with pytest.raises(LedgerError):                         # a request leaves only a replica it was sent to
+        h2.ledger.finish((1, 1))
     rr = routers.build_router("round_robin", np.random.default_rng(0))
     assert [rr.pick(req, c.replicas, 0.0) for _ in range(5)] == [0, 1, 2, 0, 1]
     p2 = routers.build_router("power_of_two", np.random.default_rng(0))

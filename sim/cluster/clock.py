@@ -52,6 +52,13 @@ class ReplicaClock(ArrivalClock):
         return min(own, release, self.driver.horizon(self.replica))
 
     @property
+    def commit_limit(self) -> float:
+        """The exact fast paths commit only iterations that end before this time: the router's next decision.
+        A replica's state when the router reads it must be what the plain loop's would be then, never a stretch
+        still to be applied (behind) nor cohort steps already past the decision (ahead)."""
+        return self.driver.horizon(self.replica)
+
+    @property
     def has_next(self) -> bool:
         return self.arrived < len(self.requests)
 

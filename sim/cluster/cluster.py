@@ -24,6 +24,7 @@ import numpy as np
 
 from costmodels.errors import UserError
 from sim.cluster.clock import ReplicaClock
+from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
 from sim.cluster.routers import build_router
 from sim.engine.loop import WAIT
@@ -157,19 +158,30 @@ class ReplicaHandle:
         self.gen = None
         self.result = None              # its SimResult, when it ran on its own
         self.state = "new"              # run | wait | done
-        self.routed = self.completed = 0
-        self.routed_tokens = self.completed_tokens = 0
+        self.ledger = RouterLedger()    # what this replica's router sent here and saw leave
         self.pending: deque = deque()   # disaggregated decode: handoffs waiting for KV room here
         self.link_free = 0.0            # disaggregated prefill: when its outgoing link is next free
 
     # what routers read
     @property
+    def routed(self) -> int:
+        return self.ledger.routed
+
+    @property
+    def routed_tokens(self) -> int:
+        return self.ledger.routed_tokens
+
+    @property
+    def completed(self) -> int:
+        return self.ledger.completed
+
+    @property
     def outstanding_requests(self) -> int:
-        return self.routed - self.completed
+        return self.ledger.outstanding_requests
 
     @property
     def outstanding_tokens(self) -> int:
-        return self.routed_tokens - self.completed_tokens
+        return self.ledger.outstanding_tokens
 
     @property
     def queued(self) -> int:
@@ -260,8 +272,8 @@ class Cluster:
             if hasattr(mem, "bind_requests"):        # answers a later turn repeats, wherever that turn lands
                 mem.bind_requests(self.requests)
             h.sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
-                (lambda r, h=h: self._completed(h, r))
-            h.sim.on_drop = lambda r, h=h: self._completed(h, r)     # its load leaves the router's count too
+                (lambda r, h=h: h.ledger.finish(r.id))
+            h.sim.on_drop = lambda r, h=h: h.ledger.finish(r.id)     # its load leaves the router's count too
             if self.pd:                              # one iteration at a time, earliest first (module doc)
                 h.sim.fast_forward = None
                 h.sim.exact_fast_paths = False
@@ -407,11 +419,9 @@ class Cluster:
                 target = clone
             else:
                 target = r
-            h.routed += 1
-            h.routed_tokens += r.prompt_tokens + r.output_tokens
+            h.ledger.send(r.id, r.prompt_tokens if self.pd else r.prompt_tokens + r.output_tokens)
             if not h.sim.add_request(target):
-                h.completed += 1                  # never runs there: the router learns at once (a 400)
-                h.completed_tokens += r.prompt_tokens + r.output_tokens
+                h.ledger.finish(r.id)             # never runs there: the router learns at once (a 400)
                 if self.pd:
                     r.state, r.reason = INFEASIBLE, target.reason
             if h.state == "wait":
@@ -424,14 +434,10 @@ class Cluster:
                 if h.clock.final:
                     self.to_wake.append((h, t))
 
-    def _completed(self, h, r) -> None:
-        h.completed += 1
-        h.completed_tokens += r.prompt_tokens + (r.output_tokens if h.pool != DECODE else 0)
-
     # -- disaggregation ------------------------------------------------------------------------------------------
     def _prefill_done(self, h, r_p) -> None:
         """A prefill replica finished a prompt (its KV stays there): hand the request to a decode replica."""
-        self._completed(h, r_p)
+        h.ledger.finish(r_p.id)
         origin = self.origin_of[r_p.id]
         t = r_p.completion_s
         if self.spec.first_token == "prefill" and origin.output_tokens == 1:   # its only token came from the prefill
@@ -445,8 +451,7 @@ class Cluster:
             self._releaser(h, r_p)()            # nothing to send: the KV is freed as at any completion
             return
         d = self.decode[self.decode_router.pick(origin, self.decode, t)]
-        d.routed += 1
-        d.routed_tokens += origin.output_tokens
+        d.ledger.send(origin.id, origin.prompt_tokens + origin.output_tokens)
         ho = Handoff(origin, r_p, h, d, t)
         self.handoffs[origin.id] = ho
         d.pending.append(ho)
@@ -466,7 +471,7 @@ class Cluster:
                           slo_tbt_s=o.slo_tbt_s)
             if not d.sim._feasible(r_d):              # can never run there: give the prefill its KV back
                 d.pending.popleft()
-                d.completed += 1
+                d.ledger.finish(o.id)
                 ho.infeasible = r_d.reason
                 o.state, o.reason = INFEASIBLE, f"decode pool: {r_d.reason}"
                 src.clock.add_release(t, self._releaser(src, r_p))

@@ -111,6 +111,8 @@ def replica_table(replicas, results, makespan: float) -> pd.DataFrame:
                      "model": h.scn.model.name if not h.scn.model.config else h.scn.model.config,
                      "policy": h.scn.policy.get("name"), "M": res.capacity_tokens, "routed": h.routed,
                      "routed_tokens": h.routed_tokens, "completed": s.get("completed", 0),
+                     "outstanding_end": h.ledger.outstanding_requests,
+                     "outstanding_tokens_end": h.ledger.outstanding_tokens,
                      "iterations": s.get("iterations", 0), "busy_s": busy,
                      "utilization": busy / makespan if makespan and makespan == makespan and busy == busy else NAN,
                      "tps": s.get("tps", NAN), "ttft_p99": s.get("ttft_p99", NAN),

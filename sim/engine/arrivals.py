@@ -17,6 +17,7 @@ class ArrivalClock:
 
     cluster = False                         # a replica on its own: every arrival is known from the start
     final = True
+    commit_limit = math.inf                 # the fast paths may commit iterations ending before this time
 
     def __init__(self, requests, waiting):
         self.requests = requests

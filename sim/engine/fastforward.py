@@ -84,9 +84,15 @@ class FastForward:
         bounds[1:] = dts
         bounds = np.cumsum(bounds)             # sequential adds: the same clock values SimPy would reach
         starts = bounds[:-1]
-        if sim.arrival_clock.time < math.inf:    # (a cluster replica: a bound on its next arrival)
+        clock = sim.arrival_clock
+        if clock.time < math.inf:    # (a cluster replica: a bound on its next arrival)
             # Stop before the first iteration that starts at or after the next arrival event (its exact time).
-            k = int(np.searchsorted(starts, sim.arrival_clock.time, side="left"))
+            k = int(np.searchsorted(starts, clock.time, side="left"))
+            if k < 1:
+                return None
+            kmax = min(kmax, k)
+        if clock.commit_limit < math.inf:     # a cluster: only iterations that end before the router next reads
+            k = int(np.searchsorted(bounds[1:], clock.commit_limit, side="left"))
             if k < 1:
                 return None
             kmax = min(kmax, k)

@@ -205,7 +205,7 @@ class Simulation:
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                now = yield from skip(now, full_decode, arrived_at_schedule)
+                now = skip(now, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -266,10 +266,8 @@ class Simulation:
                 return now
             arrived_before = self.arrived
             now = float(plan.ends[-1])
-            clock = self.arrival_clock
-            if clock.cluster and not clock.synced(now):
-                yield now
-            self._deliver(float(plan.starts[-1]), now)
+            self._deliver(float(plan.starts[-1]), now)    # (in a cluster the plan ends before the router's next
+                                                           # decision: ArrivalClock.commit_limit)
             finished = ff.apply(plan)
             self.fast_forward_iterations += plan.k
             # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
@@ -297,16 +295,18 @@ class Simulation:
             view.step_hidden_recompute = view.step_swap_hidden = 0
             arrival = clock.time                      # the next arrival event's exact time (or inf; in a
                                                       # cluster, a bound: no event for this replica before it)
+            limit = clock.commit_limit                # a cluster: steps must end before the router next reads
             stop = self.max_iterations or math.inf
             start = t0 = t
             finished = False
             while cohort.n and t < arrival and view.iteration < stop:
                 n = cohort.n
-                context = cohort.take(view.iteration + 1)
-                if context is None:                    # KV short: the plain loop evicts
+                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, cohort.cached + n)   # Σ(m + 1), what take() reads
+                if not t + dt < limit:
+                    break                              # the plain loop takes this step, after the router
+                if cohort.take(view.iteration + 1) is None:   # KV short: the plain loop evicts
                     break
                 view.iteration += 1
-                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, context)
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
                 view.kv_cached_tokens += n
                 mem.clock = t
@@ -321,8 +321,6 @@ class Simulation:
             if t == t0:
                 return t
             arrived_before = self.arrived
-            if clock.cluster and not clock.synced(t):
-                yield t
             self._deliver(start, t)
             view.now = start
             if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
