@@ -123,7 +123,9 @@ def main(argv=None) -> int:
         raw = random_case(rng)
         try:
             bad = check_case(raw)
-        except (UserError, SimulationStuck) as e:      # a scenario the tool refuses, with its one line
+        except SimulationStuck as e:                   # a livelock is a failure, not a refusal
+            bad = [f"stuck: {str(e)[:200]}"]
+        except UserError as e:                         # a scenario the tool refuses, with its one line
             refused[str(e).split(":")[0][:60]] += 1
             continue
         for b in bad:

@@ -317,3 +317,61 @@ def test_cli_plan_and_replica_plot(tmp_path, capsys):
     assert main(["plan", str(p), "--rate", "8", "--slo-attainment", "0.5", "--out", str(tmp_path / "plan")]) == 0
     out = capsys.readouterr().out
     assert "plan: " in out and (tmp_path / "plan" / "plan.json").exists()
+
+
+# -- one right answer: fast == plain, symmetric ledgers, P/D semantics, no livelock ----------------------------
+@pytest.mark.parametrize("case", range(40))
+def test_random_clusters_keep_every_property(case):
+    """2-8 replicas (or a P/D split with either first-token side) x every router x prefix caching and a CPU tier
+    on or off x several policies: the fast and plain paths give identical tables, every request finishes with
+    exactly its output tokens or is refused, KV <= M on every replica, every router ledger is empty at the end,
+    TTFT <= e2e and TPOT >= 0 (benchmarks/cluster_properties.py runs thousands of these)."""
+    from benchmarks.cluster_properties import check_case, describe, random_case
+    raw = random_case(np.random.default_rng([2026, case]))
+    assert check_case(raw) == [], describe(raw)
+
+
+def test_pd_example_decode_router_balances_as_round_robin_does():
+    """The P/D example (1 prefill : 2 decode): least outstanding tokens splits the decode load within 10% of
+    round-robin's split, and SLO attainment within 2 points of every other router's (it once sent 476 of 500
+    requests to one replica: its ledger took prompt tokens back that it had never charged)."""
+    from sim.scenario.config import load_scenario
+    runs = {name: run_scenario(load_scenario("examples/cluster-pd.yaml", [
+        f"cluster.disaggregation.decode_router={name}"])) for name in sorted(routers.ROUTERS)}
+    split = {k: sorted(r.tables["replicas"].query("pool == 'decode'")["routed"]) for k, r in runs.items()}
+    assert split["least_tokens"][1] <= 1.10 * split["round_robin"][1], split
+    att = {k: r.summary["slo_attainment"] for k, r in runs.items()}
+    assert all(abs(att["least_tokens"] - v) <= 0.02 for v in att.values()), att
+
+
+def test_prefix_example_affinity_hits_the_cache_more_than_round_robin():
+    from sim.scenario.config import load_scenario
+    aff = run_scenario(load_scenario("examples/cluster-prefix.yaml"))
+    rr = run_scenario(load_scenario("examples/cluster-prefix.yaml", ["cluster.router=round_robin"]))
+    assert aff.summary["prefix_hit_rate"] > 1.4 * rr.summary["prefix_hit_rate"]
+    assert aff.summary["ttft_mean"] < rr.summary["ttft_mean"]
+    assert aff.tables["replicas"]["routed"].min() > 0.8 * 480 / 4        # still spread over the replicas
+
+
+def test_pd_handoff_wakes_the_decode_replica_no_livelock():
+    """A prefill replica whose KV is held for transfers must not run on alone while the decode replica it woke
+    waits: this rank-org 1:1 case once evicted and refilled one prompt for 200,000 iterations, then stopped."""
+    raw = {"name": "r", "seed": 632, "memory": {"M": 1143}, "policy": {"name": "rank-org"},
+           "costmodel": {"kind": "linear"}, "sim": {"watchdog_iterations": 3000},
+           "workload": {"kind": "gamma", "num_requests": 60, "rate": 27.675767342826497, "cv": 2,
+                        "prompt": {"dist": "uniform", "low": 8, "high": 633},
+                        "output": {"dist": "uniform", "low": 1, "high": 373}},
+           "cluster": {"disaggregation": {"prefill": 1, "decode": 1, "first_token": "decode"}}}
+    res = _run(raw)
+    assert (res.requests["status"] == "done").sum() + (res.requests["status"] == "infeasible").sum() == 60
+    assert res.summary["completed"] >= 55
+
+
+def test_pd_refuses_too_long_requests_before_their_prefill():
+    """The proxy in front of both pools refuses prompt + output > max_model_len at once (no prefill spent)."""
+    raw = _pd()
+    raw["workload"] = {"kind": "offline", "num_requests": 2, "prompt": 3000, "output": 2000}
+    res = _run(raw)
+    assert (res.requests["status"] == "infeasible").all()
+    assert res.tables["replicas"]["iterations"].sum() == 0
+    assert "max_model_len" in res.requests["reason"].iloc[0]

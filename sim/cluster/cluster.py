@@ -28,6 +28,7 @@ from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
 from sim.cluster.routers import build_router
 from sim.engine.loop import WAIT
+from sim.errors import SimulationStuck
 from sim.engine.request import INFEASIBLE, Request
 from sim.scenario.build import build_simulation, requests_from_table, scenario_model
 from sim.scenario.config import Scenario, scenario_from_dict
@@ -310,6 +311,8 @@ class Cluster:
         bound = self.T                            # (decode replicas too: an arrival's prefill ends in a handoff)
         if self.pd and self.heap:
             bound = min(bound, self.heap[0][0])
+        if self.to_wake:                          # a replica woken by a hand-off has not said when it next acts
+            bound = min(bound, min(t for _, t in self.to_wake))
         return bound
 
     def synced(self, h, e: float) -> bool:
@@ -318,7 +321,9 @@ class Cluster:
             return False
         if self.pd and self.heap and (e, h.index) > self.heap[0]:
             return False
-        return True
+        # A replica a hand-off woke must first say when it next acts (it joins the heap): without this check one
+        # busy replica could run on alone while the others' transfers wait forever (a livelock).
+        return not self.to_wake
 
     def final(self, h) -> bool:
         """Will nothing more be sent to h?"""
@@ -335,6 +340,8 @@ class Cluster:
             h.state = "done"
             self.waiting.discard(h)
             return
+        except SimulationStuck as e:              # one line that also says which replica
+            raise SimulationStuck(f"{h!r}: {e}") from None
         if v is WAIT:
             h.state = "wait"
             self.waiting.add(h)
@@ -420,7 +427,7 @@ class Cluster:
             else:
                 target = r
             h.ledger.send(r.id, r.prompt_tokens if self.pd else r.prompt_tokens + r.output_tokens)
-            if not h.sim.add_request(target):
+            if not h.sim.add_request(target, r.prompt_tokens + r.output_tokens if self.pd else 0):
                 h.ledger.finish(r.id)             # never runs there: the router learns at once (a 400)
                 if self.pd:
                     r.state, r.reason = INFEASIBLE, target.reason

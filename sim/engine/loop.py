@@ -83,10 +83,12 @@ class Simulation:
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
 
-    def _feasible(self, r) -> bool:
-        """Can `r` ever complete here? If not it is marked infeasible (with the reason) and never runs."""
+    def _feasible(self, r, full_length: int = 0) -> bool:
+        """Can `r` ever complete here? If not it is marked infeasible (with the reason) and never runs.
+        `full_length`: the whole request's prompt + output where `r` is its prefill alone (a P/D prefill replica
+        refuses what the decode side would, as the proxy in front of both does)."""
         policy, memory, max_model_len = self.policy, self.memory, self.max_model_len
-        if max_model_len and r.prompt_tokens + r.output_tokens > max_model_len:
+        if max_model_len and (full_length or r.prompt_tokens + r.output_tokens) > max_model_len:
             # the serving front end refuses it before the engine sees it (vLLM: HTTP 400)
             why = f"prompt + output tokens exceed max_model_len = {max_model_len} (rejected, as vLLM does)"
         else:
@@ -100,10 +102,10 @@ class Simulation:
             return False
         return True
 
-    def add_request(self, r) -> bool:
+    def add_request(self, r, full_length: int = 0) -> bool:
         """A cluster's router sends `r` here (in arrival order); False if it can never run on this replica."""
         self.all_requests.append(r)
-        if not self._feasible(r):
+        if not self._feasible(r, full_length):
             return False
         self.requests.append(r)
         return True
@@ -434,7 +436,8 @@ class Simulation:
         if self.cohort is not None:
             self.cohort.materialize()
         head = (v.waiting[0] if v.waiting else v.swapped[0] if v.swapped else v.running[0] if v.running else None)
-        return (f"simulation stuck at t={v.now:.3f}s, iteration {v.iteration}: {why}; "
+        policy = getattr(self, "policy_name", None) or self.policy.name
+        return (f"simulation stuck at t={v.now:.3f}s, iteration {v.iteration}, policy {policy!r}: {why}; "
                 f"{len(v.waiting)} waiting, {len(v.swapped)} swapped, {len(v.running)} running, "
                 f"KV {self.memory.used_tokens}/{self.memory.capacity_tokens} tokens; first blocked: {head!r}")
 

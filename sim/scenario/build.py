@@ -129,5 +129,6 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
                      record_iterations=s.record_iterations, fast_forward=s.fast_forward,
                      max_model_len=scn.model.max_model_len or model.max_context)
     sim.slos = scn.slos()
+    sim.policy_name = scn.policy.get("name")     # named in a stuck run's message
     sim.memory_breakdown = breakdown
     return sim
