@@ -9,7 +9,7 @@ import pytest
 
 from sim.paths import REPO_ROOT
 
-PACKAGES = ("sim", "policies", "costmodels", "traces", "solver", "profiles")
+PACKAGES = ("sim", "policies", "costmodels", "traces", "solver", "profiles", "study")
 
 # (room, rank, module prefixes), first match wins: a module may import its own room and any room of lower rank.
 ROOMS = [
@@ -26,7 +26,7 @@ ROOMS = [
     ("scenario", 6, ("sim.scenario",)),
     ("cluster", 7, ("sim.cluster",)),
     ("solver", 8, ("solver",)),
-    ("study", 9, ("sim.study",)),
+    ("study", 9, ("study",)),                         # top-level: the tools that use the simulator and solver
 ]
 
 
@@ -179,12 +179,22 @@ def test_circle_finder_on_hand_cases():
     assert circles(g) == []
 
 
-@pytest.mark.parametrize("case", [("sim.engine.loop", "sim.study.sweep", True), ("sim.kv.paged", "sim.engine", True),
+@pytest.mark.parametrize("case", [("sim.engine.loop", "study.sweep", True), ("sim.kv.paged", "sim.engine", True),
                                   ("policies.bros", "sim.kv.bidirectional", True),
-                                  ("sim.study.sweep", "sim.engine.loop", False),
-                                  ("traces.loaders", "sim.paths", False)])
+                                  ("study.sweep", "sim.engine.loop", False),
+                                  ("traces.loaders", "sim.paths", False),
+                                  ("solver.solve", "study.plots", True), ("sim.cluster.runner", "study.progress", True),
+                                  ("study.plan", "solver.solve", False), ("solver.cli", "study.plots", False),
+                                  ("sim.cli", "study.sweep", False)])
 def test_rule_on_hand_cases(case):
-    """The rule itself: engine → study and kv → engine and policies → sim are upward; study → engine is down."""
+    """The rule itself: engine → study, kv → engine, policies → sim and solver → study are upward; study → engine,
+    study → solver and the CLI modules → study are down."""
     src, dst, upward = case
     (a, ra), (b, rb) = room_of(src), room_of(dst)
     assert (a != b and rb >= ra) is upward
+
+
+def test_study_is_its_own_package():
+    """The study tools live in the top-level package `study`, not inside the simulator."""
+    assert (REPO_ROOT / "study" / "__init__.py").exists()
+    assert not list((REPO_ROOT / "sim").glob("study/**/*.py"))

@@ -12,7 +12,7 @@ from sim.scenario.config import Scenario
 
 def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     """Run one scenario. `observe(sim)`, if given, is called on the built simulation before it runs and returns
-    something with close() (the CLI's progress bar, sim.study.progress.attach_run_progress). A scenario with a
+    something with close() (the CLI's progress bar, study.progress.attach_run_progress). A scenario with a
     `cluster` section runs its replicas behind their router (sim/cluster/cluster.py)."""
     if scn.cluster:
         from sim.cluster.cluster import run_cluster
