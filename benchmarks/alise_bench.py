@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-from sim.study.findings.length_aware import ALISE_BASELINE, ALISE_DATASETS, ALISE_REQUESTS, ALISE_VARIANTS as VARIANTS
-from sim.study.findings.length_aware import alise_knee, knee_grid
-from sim.study.findings.length_aware import alise_scenario as scenario
+from study.findings.length_aware import ALISE_BASELINE, ALISE_DATASETS, ALISE_REQUESTS, ALISE_VARIANTS as VARIANTS
+from study.findings.length_aware import alise_knee, knee_grid
+from study.findings.length_aware import alise_scenario as scenario
 
 
 def main(quick=False):

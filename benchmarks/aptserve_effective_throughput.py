@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from sim.study.capacity_search import attainment_at, effective_throughput
-from sim.study.findings.aptbros import APT_POLICIES as POLICIES
+from study.capacity_search import attainment_at, effective_throughput
+from study.findings.aptbros import APT_POLICIES as POLICIES
 
 EX = "examples/aptserve-sharegpt.yaml"
 

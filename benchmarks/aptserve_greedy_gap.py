@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.study.findings.aptbros import greedy_gap
+from study.findings.aptbros import greedy_gap
 
 
 def main():

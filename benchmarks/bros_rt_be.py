@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.study.findings.aptbros import BROS_EX as EX, BROS_KEYS as KEYS, bros_run as run, bros_vs
+from study.findings.aptbros import BROS_EX as EX, BROS_KEYS as KEYS, bros_run as run, bros_vs
 
 
 def show(tag, d):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 
 from benchmarks.length_aware_common import run, sustainable_rate, write
-from sim.study.findings.length_aware import ECONO_BASELINE, ECONO_PADDINGS, ECONO_POLICIES as POLICIES, ECONO_REQUESTS
-from sim.study.findings.length_aware import ECONO_SETUPS as SETUPS, econo_knee, knee_grid
-from sim.study.findings.length_aware import econo_scenario as scenario
+from study.findings.length_aware import ECONO_BASELINE, ECONO_PADDINGS, ECONO_POLICIES as POLICIES, ECONO_REQUESTS
+from study.findings.length_aware import ECONO_SETUPS as SETUPS, econo_knee, knee_grid
+from study.findings.length_aware import econo_scenario as scenario
 
 
 def main(quick=False):

@@ -1,11 +1,11 @@
 """Shared pieces of the EconoServe / ALISE benchmarks. The run metrics, sustainable-rate rule and the papers'
-setups live in sim.study.findings.length_aware (the findings' claims use them too); this adds writing the results."""
+setups live in study.findings.length_aware (the findings' claims use them too); this adds writing the results."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sim.study.findings.length_aware import run, sustainable_rate  # noqa: F401  (re-exported for the benchmarks)
+from study.findings.length_aware import run, sustainable_rate  # noqa: F401  (re-exported for the benchmarks)
 
 OUT_DIR = Path(__file__).resolve().parent / "results"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.study.sweep import load_sweep, run_sweep  # noqa: E402
+from study.sweep import load_sweep, run_sweep  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def main(argv=None) -> int:
     from costmodels.memory import PARAMS_FILE
-    from sim.study.validate import format_report, run_validation
+    from study.validate import format_report, run_validation
     import yaml
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)

@@ -6,7 +6,7 @@ and the non-torch memory the process holds (CUDA context growth, cuBLAS workspac
 blocks. Here each term is an estimate: the forward's per-token intermediates (ModelSpec.activation_reserve_bytes'
 structure) times a fitted scale, the sampler's fp32 logits plus two fp32 working copies (12 bytes per logit, a
 count, not a fit) and a fitted non-torch constant. The two fitted numbers live in profiles/vllm-memory.yaml with the
-experiments they were fitted on (python -m sim.study.fit_memory)."""
+experiments they were fitted on (python -m study.fit_memory)."""
 from __future__ import annotations
 
 import math

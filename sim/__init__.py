@@ -1,5 +1,6 @@
 """The simulator, in rooms: kv (paged KV memory), engine (the replica loop), metrics, scenario (YAML → a built
-replica), cluster (runs), study (sweeps, capacity, regression, plots, findings) and the `servesim` CLI.
+replica), cluster (runs) and the `servesim` CLI. The tools built on it (sweeps, capacity, regression, plots,
+findings) are the top-level package `study`.
 
 The names below are the public face; they load on first use, so importing a low room (sim.errors, sim.paths,
 sim.kv) does not pull in the engine or the study tools."""

@@ -11,16 +11,16 @@ from sim.scenario.extensions import load_extensions
 
 # Modules that add subcommands: each has `register(subparsers)` and sets `func` on its parsers.
 PLUGINS: list[str] = [
-    "sim.study.trace_tools",
-    "sim.study.sweep",
-    "sim.study.capacity",
-    "sim.study.plots",
+    "study.trace_tools",
+    "study.sweep",
+    "study.capacity",
+    "study.plots",
     "costmodels.cli",
     "solver.cli",
-    "sim.study.findings.report",
-    "sim.study.regress",
-    "sim.study.validate",
-    "sim.study.plan",
+    "study.findings.report",
+    "study.regress",
+    "study.validate",
+    "study.plan",
 ]
 
 
@@ -64,7 +64,7 @@ def cmd_run(args) -> int:
     if args.out:                    # a bad place to write fails now, not after the run
         from sim.paths import output_dir
         output_dir(args.out, create=False)
-    from sim.study.progress import attach_run_progress
+    from study.progress import attach_run_progress
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]

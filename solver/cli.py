@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 def cmd_optimal(args) -> int:
     from sim.scenario.config import load_scenario
-    from sim.study.plots import plot_gantt
+    from study.plots import plot_gantt
     from solver.report import format_result
     from solver.scenario import instance_from_scenario
     from solver.solve import solve

@@ -1,4 +1,4 @@
-"""Human-readable output of a solve: the summary lines and the preset table (the Gantt plot is sim.study.plots)."""
+"""Human-readable output of a solve: the summary lines and the preset table (the Gantt plot is study.plots)."""
 from __future__ import annotations
 
 import math

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from costmodels.errors import UserError
-from sim.study.capacity import attainment_at, replicas_needed, run_capacity, search_capacity
+from study.capacity import attainment_at, replicas_needed, run_capacity, search_capacity
 from sim.cli import main
 from sim.scenario.config import scenario_from_dict
 from sim.cluster.runner import run_scenario

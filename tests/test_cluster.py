@@ -262,7 +262,7 @@ PLAN_WL = {"kind": "poisson", "num_requests": 150, "rate": 4, "prompt": {"dist":
 
 
 def test_planner_finds_the_fewest_replicas_that_meet_the_target():
-    from sim.study.plan import Planner
+    from study.plan import Planner
     raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
            "workload": PLAN_WL, "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "cluster": {"router": "least_tokens"}}
     p = Planner(raw, "test", rate=14.0, target=0.9, seeds=[0, 1])
@@ -277,7 +277,7 @@ def test_planner_finds_the_fewest_replicas_that_meet_the_target():
 
 
 def test_planner_splits_a_disaggregated_pool():
-    from sim.study.plan import Planner
+    from study.plan import Planner
     raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
            "workload": PLAN_WL, "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
            "cluster": {"disaggregation": {"preset": "distserve"}}}
@@ -287,7 +287,7 @@ def test_planner_splits_a_disaggregated_pool():
 
 
 def test_planner_bad_input_is_one_line():
-    from sim.study.plan import Planner
+    from study.plan import Planner
     with pytest.raises(UserError, match="--rate: must be > 0"):
         Planner({}, "t", rate=0, target=0.9, seeds=[0])
     with pytest.raises(UserError, match="--slo-attainment: must be in"):

@@ -126,7 +126,7 @@ def test_findings_kv_sample_sees_every_tenth_iteration_of_a_cohort_policy():
     # EconoServe's KV-utilization claims sample written KV every 10 iterations from inside schedule(); vLLM and
     # Sarathi run with the decode cohort on the fast path, which skips scheduler calls, so the sample must come
     # from the plain loop (it once saw a fraction of the iterations and understated vLLM's written KV).
-    from sim.study.findings.length_aware import econo_scenario, run
+    from study.findings.length_aware import econo_scenario, run
     for policy in ("vllm (swap)", "sarathi"):
         out = run(econo_scenario("sharegpt", policy, 8.0, 150))
         assert out["kv_samples"] >= out["iterations"] // 10 > 10

@@ -42,7 +42,7 @@ def test_scientific_notation_is_a_number_everywhere(tmp_path):
     y = tmp_path / "s.yaml"
     y.write_text("memory: {M: 1e5}\n")                 # YAML 1.1 would read this as the string '1e5'
     assert load_scenario(y).memory.M == 100000
-    from sim.study.sweep import parse_value
+    from study.sweep import parse_value
     assert parse_value("1e5") == 100000
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.study.plots import plot_attainment, plot_cdfs, plot_metric, plot_timeline, save_figure
+from study.plots import plot_attainment, plot_cdfs, plot_metric, plot_timeline, save_figure
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_library_plots_keep_a_backend_the_user_chose():
     import subprocess
     import sys
     code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot\n"
-            "from sim.study.plots import pyplot; pyplot()\n"
+            "from study.plots import pyplot; pyplot()\n"
             "print(matplotlib.get_backend())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout.strip()

@@ -13,7 +13,7 @@ import pytest
 
 from costmodels.errors import UserError
 from sim.cli import main
-from sim.study.sweep import (Axis, PointStore, SweepSpec, expand, load_sweep, parse_grid_arg, run_sweep, scenario_key)
+from study.sweep import (Axis, PointStore, SweepSpec, expand, load_sweep, parse_grid_arg, run_sweep, scenario_key)
 
 REPO = Path(__file__).resolve().parent.parent
 

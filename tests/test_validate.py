@@ -14,7 +14,7 @@ from sim.scenario.config import scenario_from_dict
 
 
 def _validation(shared_data):
-    from sim.study.validate import run_validation
+    from study.validate import run_validation
     return run_validation(shared_data / "validation" / "vllm-0.15.1", jobs=2)
 
 
@@ -64,7 +64,7 @@ def test_validate_prefix_cache_hits_as_the_workload_repeats_prompts(validation):
 def test_predicted_kv_blocks_match_the_deployments_for_dense_models(shared_data):
     """KV capacity as vLLM computes it: within 1.5% of the blocks every dense deployment reported, trained or not."""
     import pandas as pd
-    from sim.study.validate import experiment_model, predicted_kv_blocks
+    from study.validate import experiment_model, predicted_kv_blocks
     exps = pd.read_csv(shared_data / "validation" / "vllm-0.15.1" / "experiments.csv", dtype={"exp_id": str})
     checked = 0
     for _, row in exps.iterrows():

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pandas as pd
 
-from sim.cluster.runner import infeasible_counts
+from sim.cluster.counts import infeasible_counts
 from sim.metrics import SimResult, request_table, summarize
 
 NAN = float("nan")

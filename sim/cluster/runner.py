@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import time
 
+from sim.cluster.counts import infeasible_counts
 from sim.metrics import SimResult
 from sim.scenario.build import build_simulation
 from sim.scenario.config import Scenario
 
 
-def infeasible_counts(requests) -> dict:
-    """How many requests were not run, by reason (reasons name limits, never a request's own lengths)."""
-    out: dict = {}
-    for r in requests:
-        out[r.reason] = out.get(r.reason, 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
 def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     """Run one scenario. `observe(sim)`, if given, is called on the built simulation before it runs and returns
-    something with close() (the CLI's progress bar, sim.study.progress.attach_run_progress). A scenario with a
+    something with close() (the CLI's progress bar, study.progress.attach_run_progress). A scenario with a
     `cluster` section runs its replicas behind their router (sim/cluster/cluster.py)."""
     if scn.cluster:
         from sim.cluster.cluster import run_cluster

@@ -1,7 +1,7 @@
 """Parametrisation shared by the claim test files: which claims run at which scale, with which marks."""
 import pytest
 
-from sim.study.findings import FULL, QUICK, evaluate
+from study.findings import FULL, QUICK, evaluate
 
 
 def claim_params(claims, scale_name: str, *, full_only=(), known: dict | None = None, skip: dict | None = None,

@@ -1,7 +1,7 @@
 """The claim machinery itself: verdict logic, magnitude tolerance, missing requirements, and the report writer."""
-from sim.study.findings.registry import (DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, Outcome, Scale,
+from study.findings.registry import (DIRECTION_ONLY, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, Outcome, Scale,
                                    evaluate, within)
-from sim.study.findings.report import provenance, render_markdown, tally
+from study.findings.report import provenance, render_markdown, tally
 
 TINY = Scale("tiny", B=8, m_factor=0.01, I_grid=(16,), O_grid=(4,), M_sweep_I=(16,), rank_B=8)
 
@@ -47,7 +47,7 @@ def test_report_counts_and_rows():
 
 def test_ratio_magnitudes_compare_the_effect_at_every_ratio():
     """One rule: the excess over 1x within ±50% of the paper's excess, for small and large ratios alike."""
-    from sim.study.findings.registry import within_ratio
+    from study.findings.registry import within_ratio
     assert not within_ratio(1.15, 2.3)          # 0.15 against 1.3: the raw ratio would have passed
     assert within_ratio(1.5, 1.9)               # 0.5 against 0.9
     assert not within_ratio(1.0, 1.73)          # no effect is not "1.73x better"
@@ -55,7 +55,7 @@ def test_ratio_magnitudes_compare_the_effect_at_every_ratio():
 
 
 def test_ties_and_saturated_comparisons_are_untestable_not_reproduced():
-    from sim.study.findings.registry import UNTESTABLE, untestable_reason
+    from study.findings.registry import UNTESTABLE, untestable_reason
     tie = untestable_reason({"a": 1.000, "b": 1.015})
     assert "tie" in tie
     sat = untestable_reason({"vllm": 0.99, "bros": 1.0}, fraction=True)
@@ -74,6 +74,6 @@ def test_why_notes_carry_no_typed_in_numbers():
     """A why-note explains; the numbers come from the run (the `ours` column and generated notes), so no
     registered why may contain a digit that could go stale."""
     import re
-    from sim.study.findings.registry import load_claims
+    from study.findings.registry import load_claims
     stale = {cid: c.why for cid, c in load_claims().items() if re.search(r"\d", c.why or "")}
     assert not stale, stale

@@ -4,7 +4,7 @@ Claims the simulator does not reproduce are expected failures with the reason, s
 makes one pass is noticed (and the report and this list are updated together)."""
 import pytest
 
-from sim.study.findings import load_claims
+from study.findings import load_claims
 from tests.findings.claim_params import direction_tests
 
 CLAIMS = load_claims()
@@ -28,7 +28,7 @@ test_claim_direction_quick, test_claim_direction_full = direction_tests(
 
 def test_toy_ttft_matches_the_hand_worked_numbers():
     """F4.7-3 by hand: serial execution, prefill then decode of each request; TTFT averaged over both."""
-    from sim.study.findings.toy import serial_avg_ttft
+    from study.findings.toy import serial_avg_ttft
     assert serial_avg_ttft([(1, 1), (2, 1)], first=0) == pytest.approx(5 / 2)
     assert serial_avg_ttft([(1, 1), (2, 1)], first=1) == pytest.approx(6 / 2)
     assert serial_avg_ttft([(1, 1), (1, 2)], first=0) == pytest.approx(4 / 2)

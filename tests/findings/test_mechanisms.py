@@ -6,7 +6,7 @@ import pytest
 
 from sim.cluster.runner import run_scenario
 from sim.scenario.config import load_scenario, scenario_from_dict
-from sim.study.findings.length_aware import ALISE_REQUESTS, alise_knee, alise_scenario, econo_knee, econo_scenario
+from study.findings.length_aware import ALISE_REQUESTS, alise_knee, alise_scenario, econo_knee, econo_scenario
 
 
 def _summary(raw):

@@ -5,7 +5,7 @@ Claims the simulator does not reproduce are strict expected failures with the re
 pass is noticed. Claims marked *not modelled* (a dataset or baseline we lack) are skipped."""
 import pytest
 
-from sim.study.findings import QUICK, evaluate, load_claims
+from study.findings import QUICK, evaluate, load_claims
 from tests.findings.claim_params import direction_tests
 
 CLAIMS = load_claims()
@@ -61,7 +61,7 @@ def test_not_modelled_claims_say_why(cid):
 
 
 def test_small_ratio_magnitudes_compare_the_excess_over_one():
-    from sim.study.findings.registry import within_ratio
+    from study.findings.registry import within_ratio
     assert not within_ratio(1.0, 1.73)            # no effect is not "1.73x better"
     assert within_ratio(1.5, 1.73) and not within_ratio(1.2, 1.73)
     assert not within_ratio(1.15, 2.3)            # 0.15 against 1.3: the effect, not the raw ratio

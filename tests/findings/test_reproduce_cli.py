@@ -30,7 +30,7 @@ def test_reproduce_quick_whole_report(tmp_path):
     assert main(["reproduce", "--quick", "--silent", "--out", str(md), "--figures", str(figs)]) == 0
     text = md.read_text()
     assert "Direction reproduced in" in text
-    from sim.study.findings import load_claims
+    from study.findings import load_claims
     claims = load_claims()
     assert text.count("\n| F") == sum(c.paper == "infermax" for c in claims.values()) == 39
     for prefix in ("AS-", "BR-", "ES-", "AL-"):          # Apt-Serve, BROS, EconoServe, ALISE
@@ -92,7 +92,7 @@ def test_quick_report_never_touches_the_committed_one(tmp_path, monkeypatch, cap
 
 def test_findings_disk_cache_is_json_keeps_types_and_drops_other_code_versions(tmp_path, monkeypatch):
     import json
-    from sim.study.findings import runs
+    from study.findings import runs
     f = tmp_path / "cache.json"
     monkeypatch.setattr(runs, "_DISK", str(f))
     monkeypatch.setattr(runs, "_CACHE", {})

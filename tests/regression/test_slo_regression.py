@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from sim.study.regress import (DEFAULT_BASELINE, TOLERANCES, Tolerance, compare, compute_table, format_diff,
+from study.regress import (DEFAULT_BASELINE, TOLERANCES, Tolerance, compare, compute_table, format_diff,
                          load_baseline, missing_rows, write_baseline)
 from costmodels.linear import default_profile_path
 
@@ -75,7 +75,7 @@ def test_tolerance_is_per_column_and_handles_nan():
 
 
 def test_regress_cli_update_then_check(tmp_path, capsys, monkeypatch):
-    import sim.study.regress as rg
+    import study.regress as rg
     small = compute_table(scenarios=["chat"], policies=["vllm"])
     monkeypatch.setattr(rg, "compute_table", lambda: small)
     path = tmp_path / "b.csv"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.study.findings.aptbros import bros_run
-from sim.study.findings.registry import (TIE, Outcome, Scale, attach_why, not_modelled, register_claim, untestable_reason,
+from study.findings.aptbros import bros_run
+from study.findings.registry import (TIE, Outcome, Scale, attach_why, not_modelled, register_claim, untestable_reason,
                                          within, within_ratio)
-from sim.study.findings.runs import memo
+from study.findings.runs import memo
 
 RATES = (1.5, 3.0)
 HIGH_RATE = 6.0          # R6's "extremely high request rate" on our two-GPU setup

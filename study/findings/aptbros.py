@@ -1,4 +1,4 @@
-"""Apt-Serve / BROS experiment setups shared by the claim modules (sim.study.findings.aptserve, .bros) and the benchmark
+"""Apt-Serve / BROS experiment setups shared by the claim modules (study.findings.aptserve, .bros) and the benchmark
 scripts (benchmarks/aptserve_effective_throughput.py, aptserve_greedy_gap.py, bros_rt_be.py)."""
 from __future__ import annotations
 

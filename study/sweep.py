@@ -19,7 +19,7 @@ import yaml
 
 from costmodels.errors import UserError
 from sim.scenario.config import apply_overrides, read_yaml_mapping, scenario_from_dict
-from sim.study.executors import run_tasks
+from study.executors import run_tasks
 
 # Leading columns of a results table; the axes and the run metrics follow.
 ID_COLUMNS = ("point", "key", "status", "error", "policy", "seed")
@@ -354,7 +354,7 @@ def run_sweep(spec: SweepSpec, out_dir, jobs: int = 1, dask: str | None = None, 
     tasks = [(run_point, (pt.raw, spec.source, str(runs_dir / pt.key) if keep_runs else None), pt) for pt in todo]
     ran = errors = 0
     interrupted = False
-    from sim.study.progress import progress_bar
+    from study.progress import progress_bar
     bar = progress_bar(total=len(points), initial=skipped, desc=spec.name, unit="run", enabled=progress)
     try:
         for pt, row in run_tasks(tasks, jobs=jobs, dask=dask):

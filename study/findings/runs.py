@@ -13,21 +13,22 @@ import pandas as pd
 from sim.scenario.config import scenario_from_dict
 from sim.scenario.build import requests_from_table
 from sim.cluster.runner import run_scenario
+from sim.paths import REPO_ROOT
 
 _CACHE: dict = {}
 # Optional on-disk memo (SERVESIM_FINDINGS_CACHE=FILE.json) for iterating on claim logic without re-simulating.
 # Plain JSON, never unpickled, so a cache file from elsewhere cannot run code; it is stamped with a hash of the
 # simulator's source and profiles and ignored (then overwritten) when the code has changed since it was written.
 _DISK = os.environ.get("SERVESIM_FINDINGS_CACHE")
-_ROOT = Path(__file__).resolve().parents[3]
+_ROOT = REPO_ROOT
 
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of every file whose change can change a run: the packages' Python sources and the profiles."""
     h = hashlib.sha256()
-    for folder, pattern in (("sim", "*.py"), ("costmodels", "*.py"), ("policies", "*.py"), ("solver", "*.py"),
-                            ("traces", "*.py"), ("profiles", "*.yaml"), ("profiles", "*.csv")):
+    for folder, pattern in (("sim", "*.py"), ("study", "*.py"), ("costmodels", "*.py"), ("policies", "*.py"),
+                            ("solver", "*.py"), ("traces", "*.py"), ("profiles", "*.yaml"), ("profiles", "*.csv")):
         for f in sorted((_ROOT / folder).rglob(pattern)):
             h.update(str(f.relative_to(_ROOT)).encode())
             h.update(f.read_bytes())

@@ -11,8 +11,8 @@ import pandas as pd
 from costmodels.errors import UserError
 from sim.paths import output_dir
 from sim.scenario.config import scenario_from_dict
-from sim.study.executors import run_tasks
-from sim.study.sweep import add_parallel_args, load_sweep_base, parse_value, set_field, write_table
+from study.executors import run_tasks
+from study.sweep import add_parallel_args, load_sweep_base, parse_value, set_field, write_table
 
 
 @dataclass

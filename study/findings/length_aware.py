@@ -1,4 +1,4 @@
-"""EconoServe / ALISE experiment setups and metrics, shared by the claim modules (sim.study.findings.econoserve, .alise)
+"""EconoServe / ALISE experiment setups and metrics, shared by the claim modules (study.findings.econoserve, .alise)
 and the benchmark scripts (benchmarks/econoserve_bench.py, alise_bench.py): one scenario dict → the metrics both
 papers report, sustainable rate at a normalized-latency constraint, and each paper's setups and variants."""
 from __future__ import annotations
@@ -126,7 +126,7 @@ KNEE_LOW_RATE = 0.05          # req/s: "low load" for the reference latency
 
 def knee_rate(make_scenario, n: int, tol: float = 0.05) -> float:
     """The baseline's knee for make_scenario(rate, n) (memoised by the caller)."""
-    from sim.study.capacity import search_capacity
+    from study.capacity import search_capacity
     base = run(make_scenario(KNEE_LOW_RATE, n))["normalized_latency_s"]
     ok = lambda r: 1.0 if run(make_scenario(r, n))["normalized_latency_s"] <= 4 * base else 0.0   # noqa: E731
     return float(search_capacity(ok, 0.5, 1.0, rate_min=KNEE_LOW_RATE, rate_max=1000.0, rel_tol=tol).capacity_rps)
@@ -178,7 +178,7 @@ def econo_scenario(dataset, policy, rate, n, padding=None):
 
 
 def econo_knee(dataset: str, n: int) -> float:
-    from sim.study.findings.runs import memo
+    from study.findings.runs import memo
     return memo(("econo-knee", dataset, n), lambda: {"rate": knee_rate(
         lambda r, k: econo_scenario(dataset, ECONO_BASELINE, r, k), n)})["rate"]
 
@@ -217,6 +217,6 @@ def alise_scenario(dataset, variant, rate, n, predictor=None):
 
 
 def alise_knee(dataset: str, n: int) -> float:
-    from sim.study.findings.runs import memo
+    from study.findings.runs import memo
     return memo(("alise-knee", dataset, n), lambda: {"rate": knee_rate(
         lambda r, k: alise_scenario(dataset, ALISE_BASELINE, r, k), n)})["rate"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.study.capacity import search_capacity
+from study.capacity import search_capacity
 from sim.scenario.config import load_scenario
-from sim.study.findings.aptbros import APT_EX, greedy_gap
-from sim.study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
-from sim.study.findings.runs import memo
+from study.findings.aptbros import APT_EX, greedy_gap
+from study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
+from study.findings.runs import memo
 from sim.cluster.runner import run_scenario
 
 PAPER_KNEE = 2.6               # §3: vLLM's 90% knee, req/s

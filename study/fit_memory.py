@@ -1,6 +1,6 @@
 """Fit vLLM's KV-capacity reservations (profiles/vllm-memory.yaml) on the KV blocks measured deployments reported:
 
-    python -m sim.study.fit_memory [--train 67,64,62,60] [--write]
+    python -m study.fit_memory [--train 67,64,62,60] [--write]
 
 Per experiment, what vLLM left out of gpu_memory_utilization × total besides the weights is
 `budget − weights − blocks × 16 × KV bytes per token`; costmodels.memory models it as non_torch + activation_scale ×
@@ -19,7 +19,7 @@ import yaml
 
 from costmodels.catalog import GiB, get_gpu
 from costmodels.memory import PARAMS_FILE, SAMPLER_BYTES_PER_LOGIT, forward_activation_bytes, vllm_memory_breakdown
-from sim.study.validate import BLOCK, HARDWARE, data_dir, experiment_model, load_experiments
+from study.validate import BLOCK, HARDWARE, data_dir, experiment_model, load_experiments
 
 DEFAULT_TRAIN = ("67", "64", "62", "60")
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         spec = {**{k: round(v, 4) for k, v in params.items()},
                 "provenance": {"engine": "vLLM v0.15.1, H100 SXM", "data": "../shared/data/validation/vllm-0.15.1 "
                                "(vllm_kv_blocks_gpu)", "fit_experiments": train,
-                               "fitted_by": "python -m sim.study.fit_memory --write (non-negative least squares)",
+                               "fitted_by": "python -m study.fit_memory --write (non-negative least squares)",
                                "sampler_bytes_per_logit": SAMPLER_BYTES_PER_LOGIT,
                                "heldout_dense_median_abs_error_pct": round(float(np.median(held)), 2),
                                "heldout_dense_max_abs_error_pct": round(float(max(held)), 2),

@@ -89,7 +89,7 @@ class Claim:
     check: Callable           # check(scale) -> Outcome
     quick: bool = True        # part of `reproduce --quick` and the fast CI subset
     requires: tuple = ()      # importable modules the check needs (e.g. the solver); missing → not run
-    figure: str | None = None  # name of the figure (sim.study.findings.figures) that shows the data behind it
+    figure: str | None = None  # name of the figure (study.findings.figures) that shows the data behind it
     why: str = ""             # our explanation, shown when the direction or the magnitude disagrees
 
 
@@ -103,8 +103,8 @@ class Result:
 
 CLAIMS: dict[str, Claim] = {}
 # Modules that register claims; a new seed paper adds its module here.
-CLAIM_MODULES = ["sim.study.findings.infermax", "sim.study.findings.aptserve", "sim.study.findings.bros", "sim.study.findings.econoserve",
-                 "sim.study.findings.alise"]
+CLAIM_MODULES = ["study.findings.infermax", "study.findings.aptserve", "study.findings.bros", "study.findings.econoserve",
+                 "study.findings.alise"]
 
 
 def register_claim(id: str, paper: str, section: str, statement: str, *, quick: bool = True,

@@ -1,6 +1,6 @@
 """Fit the `vllm` overheads preset (profiles/overheads.yaml) on a named subset of the measured vLLM deployments:
 
-    python -m sim.study.fit_overheads [--train 67,64,62,60,17]
+    python -m study.fit_overheads [--train 67,64,62,60,17]
 
 By default eight parameters: the CPU time per iteration (step_s; per_seq_s stays 0: fitting it too overfits the
 five experiments, measured by the held-out errors), the per-request front-end time (frontend_s plus
@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from sim.paths import REPO_ROOT
-from sim.study.validate import data_dir, load_experiments, run_experiment
+from study.validate import data_dir, load_experiments, run_experiment
 
 DEFAULT_TRAIN = ("67", "64", "62", "60", "17")
 # name: (scale of the search variable, start, lower, upper)
@@ -40,7 +40,7 @@ DEFAULT_FIT = ("step_s", "frontend_s", "frontend_per_token_s", "frontend_steps",
 def objective(x, rows, workloads, jobs, names):
     over = {k: float(max(v, 0.0) * PARAMS[k][0]) for k, v in zip(names, x)}
     if jobs > 1:
-        from sim.study.executors import run_tasks
+        from study.executors import run_tasks
         recs = [r for _, r in run_tasks([(run_experiment, (row, workloads, over), i) for i, row in enumerate(rows)],
                                         jobs=jobs)]
     else:
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         "data": "../shared/data/validation/vllm-0.15.1 (experiments.csv, workloads.yaml)",
         "fit_experiments": train,
         "fitted_parameters": names,
-        "fitted_by": "python -m sim.study.fit_overheads (least squares on relative errors of mean e2e, TTFT, ITL)",
+        "fitted_by": "python -m study.fit_overheads (least squares on relative errors of mean e2e, TTFT, ITL)",
         "train_rms_rel_error": round(float(np.sqrt(np.mean(resid ** 2))), 4),
         "date": _dt.date.today().isoformat()}}})
     path.write_text("# CPU and front-end overheads of real engines (costmodels.base.Overheads), per preset.\n"

@@ -1,15 +1,15 @@
 """ALISE (spec alise.md §6) claims marked Sim = Y or P, each a check of direction and magnitude. Setup: the
-benchmark's (benchmarks/alise_bench.py, from sim.study.findings.length_aware): Alpaca-like (M = 4K FP16 tokens) and
+benchmark's (benchmarks/alise_bench.py, from study.findings.length_aware): Alpaca-like (M = 4K FP16 tokens) and
 ShareGPT-like (M = 16K) workloads, Poisson rates, ALISE with INT8 KV; sustainable rate = largest rate whose mean
 normalized latency stays ≤ 4x vLLM's at the lowest rate. Not registered: R8 (the predictor's own accuracy, N). Ratio magnitudes ("N x better") use
 registry.within_ratio: the excess over 1x for N ≤ 2."""
 from __future__ import annotations
 
-from sim.study.findings.length_aware import (ALISE_REQUESTS, alise_knee, alise_scenario, knee_grid, run,
+from study.findings.length_aware import (ALISE_REQUESTS, alise_knee, alise_scenario, knee_grid, run,
                                              sustainable_rate)
-from sim.study.findings.registry import (TIE, Outcome, Scale, attach_why, register_claim, untestable_reason, within,
+from study.findings.registry import (TIE, Outcome, Scale, attach_why, register_claim, untestable_reason, within,
                                          within_ratio)
-from sim.study.findings.runs import memo
+from study.findings.runs import memo
 
 DATASETS = ("alpaca", "sharegpt")
 

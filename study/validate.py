@@ -208,7 +208,7 @@ def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="
             raise UserError(f"validate --only: unknown experiment id(s) {', '.join(sorted(missing))}; known: "
                             f"{', '.join(map(str, exps['exp_id']))}")
     if jobs > 1:
-        from sim.study.executors import run_tasks
+        from study.executors import run_tasks
         tasks = [(run_experiment, (row, workloads, overheads, kv), str(row["exp_id"])) for row in rows]
         records = [r for _, r in run_tasks(tasks, jobs=jobs)]
         order = {str(r["exp_id"]): i for i, r in enumerate(rows)}

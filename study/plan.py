@@ -70,7 +70,7 @@ class Planner:
         self.cache: dict = {}
 
     def _run(self, layouts) -> None:
-        from sim.study.executors import run_tasks
+        from study.executors import run_tasks
         todo = [(evaluate, (self.raw, self.source, lay, self.rate, s, self.metric), (lay, s))
                 for lay in layouts for s in self.seeds if (lay, s) not in self.cache]
         for tag, rec in run_tasks(todo, jobs=self.jobs, dask=self.dask):

@@ -1,5 +1,5 @@
 """EconoServe (spec econoserve.md §6–8) claims tagged SIM, each a check of direction and magnitude. Setup: the
-benchmark's (benchmarks/econoserve_bench.py, from sim.study.findings.length_aware): ShareGPT-like (M = 24K tokens) and
+benchmark's (benchmarks/econoserve_bench.py, from study.findings.length_aware): ShareGPT-like (M = 24K tokens) and
 Alpaca-like (M = 4K) workloads with the paper's padding / reserve / buffer per dataset, Poisson rates; sustainable
 rate = largest rate whose mean normalized latency stays ≤ 4x vLLM's at the lowest rate. DistServe (F17, O6, Fig. 12)
 runs on the cluster layer: sim/cluster's `distserve` preset, one prefill and one decode GPU per pair with the same
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.study.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, econo_knee, econo_scenario, knee_grid,
+from study.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, econo_knee, econo_scenario, knee_grid,
                                       run, run_cluster, sustainable_rate)
-from sim.study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
-from sim.study.findings.runs import memo
+from study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
+from study.findings.runs import memo
 
 FULL_NAME = "econoserve"
 VLLM, SARATHI, ORACLE = "vllm (swap)", "sarathi", "econoserve-oracle"

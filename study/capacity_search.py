@@ -1,7 +1,7 @@
-"""Effective throughput of a scenario file: the capacity search of sim.study.capacity, with runs shared between targets."""
+"""Effective throughput of a scenario file: the capacity search of study.capacity, with runs shared between targets."""
 from __future__ import annotations
 
-from sim.study.capacity import search_capacity
+from study.capacity import search_capacity
 from sim.scenario.config import load_scenario, scenario_from_dict
 from sim.cluster.runner import run_scenario
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.study.findings.registry import CLAIMS, Outcome, Scale, register_claim, within
-from sim.study.findings.runs import csp_point, mixed, offline
+from study.findings.registry import CLAIMS, Outcome, Scale, register_claim, within
+from study.findings.runs import csp_point, mixed, offline
 
 FIG5 = ("vllm", "sarathi", "sarathi-p=c", "sarathi-nocp", "vllm-hy")   # Table 1 minus Sarathi_nohy (§4.1)
 EF_BASES = ("vllm", "sarathi", "sarathi-p=c")
@@ -507,7 +507,7 @@ def f47_2(s):
 @register_claim("F4.7-3", "infermax", "4.7", "Toy TTFT (serial): R1=(1,1), R2=(2,1) gives 5/2 (R1 first) vs 6/2; "
                 "R1=(1,1), R2=(1,2) gives 4/2 vs 5/2")
 def f47_3(s):
-    from sim.study.findings.toy import serial_avg_ttft
+    from study.findings.toy import serial_avg_ttft
     got = {"(2,1), R1 first": serial_avg_ttft([(1, 1), (2, 1)], first=0),
            "(2,1), R2 first": serial_avg_ttft([(1, 1), (2, 1)], first=1),
            "(1,2), R1 first": serial_avg_ttft([(1, 1), (1, 2)], first=0),

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from costmodels.errors import UserError
-from sim.study.findings.figures import FIGURES, draw
-from sim.study.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
+from study.findings.figures import FIGURES, draw
+from study.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
                                    REPRODUCED, UNTESTABLE, Outcome, Result, evaluate, load_claims)
 
 
@@ -166,7 +166,7 @@ def reproduce(quick: bool = False, out_md="docs/reproduction.md", fig_dir="docs/
     else:
         memo = ""
         if os.environ.get("SERVESIM_FINDINGS_CACHE"):
-            from sim.study.findings.runs import _CACHE
+            from study.findings.runs import _CACHE
             memo = (f" from runs memoised on disk (SERVESIM_FINDINGS_CACHE); the {len(_CACHE)} simulations took "
                     f"{sum(v.get('wall_s', 0.0) for v in _CACHE.values()):.0f} s of wall time on a shared machine")
         made = provenance(scale, wall_s, memo)

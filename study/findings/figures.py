@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.study.findings import infermax as im
-from sim.study.findings.registry import Scale
-from sim.study.findings.runs import mixed, offline
-from sim.study.plots import pyplot
+from study.findings import infermax as im
+from study.findings.registry import Scale
+from study.findings.runs import mixed, offline
+from study.plots import pyplot
 
 FIGURES: dict = {}
 
