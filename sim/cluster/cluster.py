@@ -149,19 +149,55 @@ def replica_scenario(scn: Scenario, overrides: dict) -> Scenario:
 
 
 # -- replicas as the router sees them ----------------------------------------------------------------------------
-class ReplicaHandle:
-    """One replica: its simulation, its clock, and the counters a router keeps."""
+class ReplicaGroup:
+    """Replicas built from one scenario: what every one of them has before it runs (KV capacity, block size, the
+    cost model's description, an idle replica's tables), from one prototype simulation built once."""
 
-    def __init__(self, index: int, pool: str, scn: Scenario, sim, driver):
-        self.index, self.pool, self.scn, self.sim = index, pool, scn, sim
-        self.clock = ReplicaClock(driver, self, sim.requests, sim.view.waiting, sim.view)
+    def __init__(self, pool: str, scn: Scenario):
+        self.pool, self.scn = pool, scn
+        proto = build_simulation(scn, requests=[])
+        self.capacity_tokens = proto.memory.capacity_tokens
+        self.block_size = proto.memory.block_size
+        self.costmodel_text = proto.costmodel.describe() if hasattr(proto.costmodel, "describe") else ""
+        self.overheads = getattr(proto.costmodel, "overheads", None)
+        self._idle = None
+        self._proto = proto
+
+    def idle_result(self):
+        """The tables of a replica that never received a request (computed once per group)."""
+        if self._idle is None:
+            self._idle = self._proto.result()
+        return self._idle
+
+
+class ReplicaHandle:
+    """One replica: its simulation, its clock, and the counters a router keeps.
+
+    The simulation is built when the replica is first needed (a request routed there, a hand-off): until then a
+    replica is idle and costs a handle and a ledger, and a router reads it as empty (nothing queued or running,
+    no KV in use, no prefix cached), which is what the built replica would report."""
+
+    def __init__(self, index: int, pool: str, scn: Scenario, group, driver):
+        self.index, self.pool, self.scn, self.group, self.driver = index, pool, scn, group, driver
+        self._sim = None
+        self.clock = None
         self.gpus = scn.hardware.tp
         self.gen = None
         self.result = None              # its SimResult, when it ran on its own
-        self.state = "new"              # run | wait | done
+        self.state = "new"              # new (idle since 0, not started) | run | wait | done
         self.ledger = RouterLedger()    # what this replica's router sent here and saw leave
         self.pending: deque = deque()   # disaggregated decode: handoffs waiting for KV room here
         self.link_free = 0.0            # disaggregated prefill: when its outgoing link is next free
+
+    @property
+    def built(self) -> bool:
+        return self._sim is not None
+
+    @property
+    def sim(self):
+        if self._sim is None:
+            self.driver.build(self)
+        return self._sim
 
     # what routers read
     @property
@@ -186,35 +222,49 @@ class ReplicaHandle:
 
     @property
     def queued(self) -> int:
-        v = self.sim.view
-        return len(v.waiting) + len(v.swapped) + len(self.sim.requests) - self.clock.arrived + len(self.pending)
+        if self._sim is None:
+            return 0
+        v = self._sim.view
+        return len(v.waiting) + len(v.swapped) + len(self._sim.requests) - self.clock.arrived + len(self.pending)
 
     @property
     def running(self) -> int:
-        return len(self.sim.view.running)
+        return len(self._sim.view.running) if self._sim is not None else 0
 
     @property
     def kv_usage(self) -> float:
-        m = self.sim.memory
+        if self._sim is None:
+            return 0.0
+        m = self._sim.memory
         return 1.0 - m.free_blocks / m.total_blocks
 
     @property
     def kv_blocks_in_use(self) -> int:
-        m = self.sim.memory
+        if self._sim is None:
+            return 0
+        m = self._sim.memory
         return m.total_blocks - m.free_blocks
 
     @property
     def block_size(self) -> int:
-        return self.sim.memory.block_size
+        return self.group.block_size
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.group.capacity_tokens
 
     @property
     def queued_prompt_tokens(self) -> int:
-        sim = self.sim
+        if self._sim is None:
+            return 0
+        sim = self._sim
         waiting = sum(r.input_tokens - r.cached for r in sim.view.waiting)
         return waiting + sum(r.prompt_tokens for r in sim.requests[self.clock.arrived:])
 
     def cached_prefix_tokens(self, req) -> int:
-        peek = getattr(self.sim.memory, "cached_prefix_tokens", None)
+        if self._sim is None:
+            return 0
+        peek = getattr(self._sim.memory, "cached_prefix_tokens", None)
         return peek(req) if peek is not None else 0
 
     def __repr__(self):
@@ -254,11 +304,12 @@ class Cluster:
             requests = requests_from_table(build_workload(scn.workload, rng))
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.replicas: list = []
+        self.groups: list = []
         for pool, count, overrides in self.spec.groups:
-            rscn = replica_scenario(scn, overrides)
+            group = ReplicaGroup(pool, replica_scenario(scn, overrides))
+            self.groups.append(group)
             for _ in range(count):
-                sim = build_simulation(rscn, requests=[])
-                self.replicas.append(ReplicaHandle(len(self.replicas), pool, rscn, sim, self))
+                self.replicas.append(ReplicaHandle(len(self.replicas), pool, group.scn, group, self))
         self.pd = self.spec.disaggregated
         self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
         self.decode = [h for h in self.replicas if h.pool == DECODE]
@@ -268,18 +319,9 @@ class Cluster:
                                           "cluster.disaggregation.decode_router") if self.pd else None
         if self.pd:
             self._check_pools()
-        for h in self.replicas:
-            mem = h.sim.memory
-            if hasattr(mem, "bind_requests"):        # answers a later turn repeats, wherever that turn lands
-                mem.bind_requests(self.requests)
-            h.sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
-                (lambda r, h=h: h.ledger.finish(r.id))
-            h.sim.on_drop = lambda r, h=h: h.ledger.finish(r.id)     # its load leaves the router's count too
-            if self.pd:                              # one iteration at a time, earliest first (module doc)
-                h.sim.fast_forward = None
-                h.sim.exact_fast_paths = False
-            if h.pool == PREFILL:
-                h.sim.hold_kv = True
+        self.looping = False            # the interleaved loop runs: a replica built now must also be started
+        self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
+        self.pending_total = 0          # hand-offs waiting for decode-side KV, over all decode replicas
         self.heap: list = []
         self.waiting: set = set()
         self.to_wake: list = []
@@ -288,8 +330,34 @@ class Cluster:
         self.handoffs: dict = {}
         self.origin_of: dict = {}
 
+    def build(self, h) -> None:
+        """Build replica h's simulation (first needed now) and wire it to the cluster."""
+        sim = build_simulation(h.scn, requests=[])
+        mem = sim.memory
+        if hasattr(mem, "bind_requests"):            # answers a later turn repeats, wherever that turn lands
+            mem.bind_requests(self.requests)
+        sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
+            (lambda r, h=h: h.ledger.finish(r.id))
+        sim.on_drop = lambda r, h=h: h.ledger.finish(r.id)     # its load leaves the router's count too
+        if self.pd:                                  # one iteration at a time, earliest first (module doc)
+            sim.fast_forward = None
+            sim.exact_fast_paths = False
+        if h.pool == PREFILL:
+            sim.hold_kv = True
+        h._sim = sim
+        h.clock = ReplicaClock(self, h, sim.requests, sim.view.waiting, sim.view)
+
+    def _start(self, h) -> None:
+        """Start a built replica's loop: it schedules at 0 as every replica does (idle until its first request;
+        a replica started late has simply been idle until now, so its first steps are the same)."""
+        h.gen = h.sim.start_in_cluster(h.clock)
+        h.clock.start()
+        if h.pool != DECODE:
+            self.front_live += 1
+        self._resume(h)
+
     def _check_pools(self):
-        p, d = self.front[0], self.decode[0]
+        p, d = self.front[0].group, self.decode[0].group
         mp, md = scenario_model(p.scn), scenario_model(d.scn)
         if (mp.name, mp.layers, mp.hidden, mp.kv_heads, mp.head_dim) != (md.name, md.layers, md.hidden,
                                                                           md.kv_heads, md.head_dim):
@@ -300,7 +368,7 @@ class Cluster:
         if self.requests:
             small = min(r.prompt_tokens + r.output_tokens for r in self.requests)
             for pool in (self.front, self.decode):
-                cap = max(h.sim.memory.capacity_tokens for h in pool)
+                cap = max(g.capacity_tokens for g in {id(h.group): h.group for h in pool}.values())
                 if cap < small:
                     raise UserError(f"cluster.disaggregation.{pool[0].pool}: its replicas hold {cap} KV tokens, "
                                     f"less than the smallest request's prompt + output ({small}); no request fits")
@@ -329,8 +397,7 @@ class Cluster:
         """Will nothing more be sent to h?"""
         if h.pool != DECODE:                      # (a prefill holding KV for transfers still gets releases)
             return self.idx >= len(self.requests) and not h.sim.held_kv
-        return (self.idx >= len(self.requests) and all(p.state == "done" for p in self.front)
-                and not any(d.pending for d in self.decode))
+        return self.idx >= len(self.requests) and self.front_live == 0 and self.pending_total == 0
 
     # -- running replicas ---------------------------------------------------------------------------------------
     def _resume(self, h, value=None) -> None:
@@ -338,6 +405,8 @@ class Cluster:
             v = h.gen.send(value) if h.state != "new" else next(h.gen)
         except StopIteration:
             h.state = "done"
+            if h.pool != DECODE:
+                self.front_live -= 1
             self.waiting.discard(h)
             return
         except SimulationStuck as e:              # one line that also says which replica
@@ -352,7 +421,9 @@ class Cluster:
             self._reserve(h, h.sim.view.now)
 
     def _wake(self, h, t: float) -> None:
-        if h.state == "wait":
+        if h.state == "new":                      # first needed now (a hand-off to an idle decode replica)
+            self._start(h)
+        elif h.state == "wait":
             self.waiting.discard(h)
             h.state = "run"
             self._resume(h, t)
@@ -365,19 +436,28 @@ class Cluster:
             while self.T < math.inf:
                 self._route_instant()
             for h in self.replicas:
-                h.result = h.sim.run()
+                if h.built:                      # a replica never sent a request stays idle and unbuilt
+                    h.result = h.sim.run()
             return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
-        for h in self.replicas:
-            h.gen = h.sim.start_in_cluster(h.clock)
         if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules
             self._route_instant()
-        for h in self.replicas:
-            h.clock.start()
         with _quiet_gc():
+            self.looping = True
             for h in self.replicas:
-                self._resume(h)
+                if h.built and h.state == "new":
+                    self._start(h)
             self._loop()
+        self._check_ledgers()
         return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
+
+    def _check_ledgers(self) -> None:
+        """After a run that was not cut short, every request has left every replica it was sent to."""
+        if any(h.sim.truncated for h in self.replicas if h.built):
+            return
+        for h in self.replicas:
+            if h.ledger.open:
+                rid = next(iter(h.ledger.open))
+                raise LedgerError(f"{h!r}: {len(h.ledger.open)} request(s) routed there never left (first: {rid})")
 
     def _loop(self) -> None:
         heap, replicas = self.heap, self.replicas
@@ -399,7 +479,8 @@ class Cluster:
             for h in sorted(finished, key=lambda h: h.index):
                 self._wake(h, h.sim.view.now)
         for h in replicas:                        # KV still held for transfers that ended after the last step
-            h.clock.release_until(math.inf)
+            if h.built:
+                h.clock.release_until(math.inf)
 
     def _flush_wakes(self) -> None:
         while self.to_wake:
@@ -411,9 +492,8 @@ class Cluster:
         """Route every arrival at the next arrival time, one by one, then let the replicas that got one go on."""
         reqs, t = self.requests, self.T
         if self.pd:
-            for h in self.front:                  # idle prefill replicas free KV whose transfer has ended
-                if h.state == "wait":
-                    h.clock.release_until(t)
+            for h in [h for h in self.waiting if h.pool == PREFILL and h.clock.releases]:
+                h.clock.release_until(t)          # idle prefill replicas free KV whose transfer has ended
         woken = []
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
@@ -431,10 +511,10 @@ class Cluster:
                 h.ledger.finish(r.id)             # never runs there: the router learns at once (a 400)
                 if self.pd:
                     r.state, r.reason = INFEASIBLE, target.reason
-            if h.state == "wait":
+            if h.state == "wait" or h.state == "new" and self.looping:
                 woken.append(h)
         self.T = reqs[self.idx].arrival_s if self.idx < len(reqs) else math.inf
-        for h in woken:
+        for h in dict.fromkeys(woken):            # once each, in routing order
             self._wake(h, t)
         if self.T == math.inf:
             for h in sorted(self.waiting, key=lambda h: h.index):
@@ -462,6 +542,7 @@ class Cluster:
         ho = Handoff(origin, r_p, h, d, t)
         self.handoffs[origin.id] = ho
         d.pending.append(ho)
+        self.pending_total += 1
         self._reserve(d, t)
 
     def _reserve(self, d, t: float) -> None:
@@ -478,6 +559,7 @@ class Cluster:
                           slo_tbt_s=o.slo_tbt_s)
             if not d.sim._feasible(r_d):              # can never run there: give the prefill its KV back
                 d.pending.popleft()
+                self.pending_total -= 1
                 d.ledger.finish(o.id)
                 ho.infeasible = r_d.reason
                 o.state, o.reason = INFEASIBLE, f"decode pool: {r_d.reason}"
@@ -488,6 +570,7 @@ class Cluster:
             if not d.sim.memory.reserve(r_d, kv_tokens, admission=True):
                 return                                 # back-pressure: wait for room
             d.pending.popleft()
+            self.pending_total -= 1
             ho.reserved_s = t
             xfer = self.link_transfer(kv_tokens, src.gpus, d.gpus)
             start = max(t, src.link_free)
@@ -515,7 +598,7 @@ class Cluster:
             d.clock.preloaded.add(r_d.id)
             src.clock.add_release(ho.arrived_s, self._releaser(src, r_p))
             for h in (d, src):
-                if h.state == "wait":
+                if h.state == "wait" or h.state == "new":
                     self.to_wake.append((h, t))
 
     def _releaser(self, h, r_p):

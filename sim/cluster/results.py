@@ -36,30 +36,32 @@ def _merged_requests(run):
 
 def cluster_result(scn, run, wall_s: float) -> SimResult:
     replicas = run.replicas
-    results = [h.result if h.result is not None else h.sim.result() for h in replicas]
+    built = [h for h in replicas if h.built]       # a replica never needed was never built: idle tables
+    results = [h.result if h.result is not None else h.sim.result() if h.built else h.group.idle_result()
+               for h in replicas]
     slos = scn.slos()
     if run.spec.disaggregated:
         reqs, extra = _merged_requests(run)
         dec = next(h for h in replicas if h.pool == "decode")
-        req = request_table(reqs, slos, getattr(dec.sim.costmodel, "overheads", None))
+        req = request_table(reqs, slos, dec.group.overheads)
         ex = np.array(extra, dtype=float).reshape(-1, 4)
         req["prefill_replica"] = ex[:, 0].astype(np.int64)
         req["decode_replica"] = ex[:, 1].astype(np.int64)
         req["kv_transfer_s"] = ex[:, 2]
         req["handoff_wait_s"] = ex[:, 3]
     else:
-        parts = [res.requests.assign(replica=h.index) for h, res in zip(replicas, results)]
+        parts = [res.requests.assign(replica=h.index) for h, res in zip(replicas, results) if h.built]
         req = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         req = req.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
     it_parts = [res.iterations.assign(replica=h.index, pool=h.pool) for h, res in zip(replicas, results)
-                if len(res.iterations)]
+                if h.built and len(res.iterations)]
     if it_parts:
         it = pd.concat(it_parts, ignore_index=True)
     else:
         from sim.engine.loop import ITER_COLUMNS
         it = pd.DataFrame(columns=[*ITER_COLUMNS, "replica", "pool"])
     capacity = sum(res.capacity_tokens for res in results)
-    summ = summarize(req, pd.DataFrame(), capacity, any(h.sim.truncated for h in replicas))
+    summ = summarize(req, pd.DataFrame(), capacity, any(h.sim.truncated for h in built))
     summ.pop("iterations", None)
     per = replica_table(replicas, results, summ.get("makespan_s", NAN))
     gpus = int(per["gpus"].sum())
@@ -80,7 +82,7 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         summ["handoff_wait_s_mean"] = float(done["handoff_wait_s"].mean()) if len(done) else NAN
         summ["kv_transfer_share"] = (float(done["kv_transfer_s"].sum() / done["e2e_s"].sum())
                                      if len(done) and done["e2e_s"].sum() > 0 else NAN)
-    caches = [h.sim.memory for h in replicas if hasattr(h.sim.memory, "stats")]
+    caches = [h.sim.memory for h in built if hasattr(h.sim.memory, "stats")]
     if caches:                                     # prefix caching, over the whole cluster
         q = sum(m.query_blocks for m in caches)
         hits = sum(m.hit_blocks + m.cpu_hit_blocks for m in caches)
@@ -88,18 +90,30 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         for k in ("prefix_gpu_hit_tokens", "prefix_cpu_hit_tokens", "prefix_evicted_blocks"):
             summ[k] = int(sum(m.stats()[k] for m in caches))
     summ["wall_s"] = wall_s
-    infeasible = [r for h in replicas for r in h.sim.infeasible]
+    infeasible = [r for h in built for r in h.sim.infeasible]
+    caps = [res.capacity_tokens for res in results]
     meta = {"scenario": scn.name, "policy": scn.policy.get("name"), "M": capacity, "wall_s": wall_s,
-            "costmodel": "; ".join(sorted({h.sim.costmodel.describe() for h in replicas
-                                           if hasattr(h.sim.costmodel, "describe")})),
+            "costmodel": "; ".join(sorted({h.group.costmodel_text for h in replicas} - {""})),
             "infeasible_ids": sorted({r.id for r in infeasible}), "infeasible_reasons": infeasible_counts(infeasible),
-            "memory": {"M": capacity, "replicas": [res.capacity_tokens for res in results]},
-            "memory_text": f"KV M per replica: {', '.join(str(res.capacity_tokens) for res in results)} tokens",
+            "memory": {"M": capacity, "replicas": caps},
+            "memory_text": f"KV M per replica: {_runs(caps)} tokens",
             "cluster": {"replicas": len(replicas), "gpus": gpus,
                         "pools": sorted({h.pool for h in replicas})}}
     out = SimResult(req, it, summ, capacity, meta)
     out.tables["replicas"] = per
     return out
+
+
+def _runs(values) -> str:
+    """'a, b, c' with repeats folded: 20,000 equal replicas read '20000 x 99000', not 20,000 numbers."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        out.append(f"{j - i + 1} x {values[i]}" if j > i else str(values[i]))
+        i = j + 1
+    return ", ".join(out)
 
 
 def replica_table(replicas, results, makespan: float) -> pd.DataFrame:
