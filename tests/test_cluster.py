@@ -237,10 +237,47 @@ def test_invariants_over_random_clusters(n, router, policy, seed, M, pd_):
      r"disaggregation.decode: its replicas hold 16 KV tokens, less than the smallest request"),
     ({"disaggregation": {"prefill": 1}}, r"disaggregation.decode: missing"),
     ({"replicas": 2, "disaggregation": {"prefill": 1, "decode": 1}}, "not both"),
+    ({"replicas": 2, "router": {"name": "prefix_affinity", "overlap_weight": "high"}},
+     r"cluster.router.overlap_weight: router 'prefix_affinity' takes a float here, got 'high'"),
+    ({"replicas": 2, "router": {"name": "prefix_affinity", "overlap_weight": True}}, r"takes a float here"),
+    ({"replicas": 10 ** 12}, r"1,000,000,000,000 replicas cannot fit in this machine's \d+ GiB of memory"),
+    ({"disaggregation": {"prefill": 10 ** 12, "decode": 1}}, r"replicas cannot fit"),
 ])
 def test_bad_cluster_input_is_one_line(cluster, message):
     with pytest.raises(UserError, match=message):
         _run(_base(), cluster)
+
+
+@pytest.mark.parametrize("answer", [7, -1, 1.0, None, True])
+def test_a_router_extension_that_picks_no_replica_is_one_line(answer):
+    class Lost(routers.Router):
+        name = "lost"
+
+        def pick(self, req, replicas, now):
+            return answer
+    routers.register_router("lost", Lost, "test router")
+    try:
+        with pytest.raises(UserError, match=r"cluster.router: router 'lost' picked .* for request \d+, but the pool "
+                                            r"has 3 replicas \(an index 0..2\)"):
+            _run(_base(), {"replicas": 3, "router": "lost"})
+        with pytest.raises(UserError, match=r"decode_router: router 'lost' picked"):
+            _run(_base(), {"disaggregation": {"prefill": 1, "decode": 3, "decode_router": "lost"}})
+    finally:
+        del routers.ROUTERS["lost"]
+
+
+def test_idle_replicas_cost_nothing_per_event():
+    """20,000 replicas behind a load-aware router serve 40 requests: only the replicas that got one are built,
+    every idle one is in the replica table as idle, and the requests' table is what 40 replicas give (fewest
+    outstanding requests, ties to the lowest index, never reaches replica 40)."""
+    raw = _base("vllm-v1", {**POISSON, "num_requests": 40})
+    big = _run(raw, {"replicas": 20000, "router": "least_requests"})
+    small = _run(raw, {"replicas": 40, "router": "least_requests"})
+    pd.testing.assert_frame_equal(big.requests, small.requests)
+    per = big.tables["replicas"]
+    assert len(per) == 20000 and per["routed"].sum() == 40
+    assert ((per["iterations"] > 0) == (per["routed"] > 0)).all() and (per["routed"] > 0).sum() < 40
+    assert big.meta["memory_text"] == "KV M per replica: 20000 x 6000 tokens"
 
 
 def test_cli_runs_a_cluster_and_writes_the_replica_table(tmp_path, capsys):

@@ -17,6 +17,7 @@ import bisect
 import copy
 import heapq
 import math
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from costmodels.errors import UserError
 from sim.cluster.clock import ReplicaClock
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
-from sim.cluster.routers import build_router
+from sim.cluster.routers import build_router, checked_pick
 from sim.engine.loop import WAIT
 from sim.errors import SimulationStuck
 from sim.engine.request import INFEASIBLE, Request
@@ -60,10 +61,27 @@ class ClusterSpec:
         return any(pool != SERVE for pool, _, _ in self.groups)
 
 
+# An idle replica costs about 2 KB (a handle, a ledger; its simulation is built when first needed): more replicas
+# than this many bytes each of the machine's memory can never run here.
+BYTES_PER_IDLE_REPLICA = 4096
+
+
 def _count(v, where) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise UserError(f"{where}: must be an integer >= 1 (replicas), got {v!r}")
     return v
+
+
+def _check_fits(groups) -> None:
+    total = sum(count for _, count, _ in groups)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):        # not every platform says
+        return
+    if total * BYTES_PER_IDLE_REPLICA > memory:
+        raise UserError(f"cluster: {total:,} replicas cannot fit in this machine's {memory / 2**30:.0f} GiB of "
+                        f"memory (at least {BYTES_PER_IDLE_REPLICA} bytes each); at most "
+                        f"{memory // BYTES_PER_IDLE_REPLICA:,}")
 
 
 def _group(g, pool, where):
@@ -118,6 +136,7 @@ def parse_cluster(raw: dict) -> ClusterSpec:
             if pool not in dis:
                 raise UserError(f"{where}.disaggregation.{pool}: missing (a count or a mapping with count)")
         groups = [_group(dis[p], p, f"{where}.disaggregation.{p}") for p in (PREFILL, DECODE)]
+        _check_fits(groups)
         first = dis.get("first_token", "decode")
         if first not in FIRST_TOKEN:
             raise UserError(f"{where}.disaggregation.first_token: {first!r} is not allowed; allowed: "
@@ -134,6 +153,7 @@ def parse_cluster(raw: dict) -> ClusterSpec:
         groups = [_group(g, SERVE, f"{where}.replicas[{i}]") for i, g in enumerate(reps)]
     else:
         groups = [_group(reps, SERVE, f"{where}.replicas")]
+    _check_fits(groups)
     return ClusterSpec(groups, raw.get("router"))
 
 
@@ -498,7 +518,7 @@ class Cluster:
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
             self.idx += 1
-            h = self.front[self.router.pick(r, self.front, t)]
+            h = self.front[checked_pick(self.router, r, self.front, t, 'cluster.router')]
             if self.pd:
                 clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
                                 predicted_output_tokens=1, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s)
@@ -537,7 +557,7 @@ class Cluster:
             self.handoffs[origin.id] = Handoff(origin, r_p, h, h, t, t, t, t, r)
             self._releaser(h, r_p)()            # nothing to send: the KV is freed as at any completion
             return
-        d = self.decode[self.decode_router.pick(origin, self.decode, t)]
+        d = self.decode[checked_pick(self.decode_router, origin, self.decode, t, 'cluster.disaggregation.decode_router')]
         d.ledger.send(origin.id, origin.prompt_tokens + origin.output_tokens)
         ho = Handoff(origin, r_p, h, d, t)
         self.handoffs[origin.id] = ho

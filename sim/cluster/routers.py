@@ -34,6 +34,9 @@ class Router:
         if bad:
             raise UserError(f"cluster.router: unknown knob(s) {', '.join(bad)} for router {self.name!r}; allowed: "
                             f"{', '.join(sorted(names)) or '(none)'}")
+        for f in fields(self.Config):
+            if f.name in knobs:
+                _check_type(self.name, f.name, knobs[f.name], type(f.default))
         self.config = self.Config(**knobs)
         self.rng = rng
 
@@ -42,6 +45,23 @@ class Router:
 
     def pick(self, req, replicas, now: float) -> int:    # pragma: no cover - interface
         raise NotImplementedError
+
+
+def _check_type(router: str, knob: str, value, kind) -> None:
+    """A knob's value must have its default's type (an integer may stand for a float; a bool is not a number)."""
+    ok = (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+          or kind is float and isinstance(value, int) and not isinstance(value, bool))
+    if kind in (int, float, bool, str) and not ok:
+        raise UserError(f"cluster.router.{knob}: router {router!r} takes a {kind.__name__} here, got {value!r}")
+
+
+def checked_pick(router: Router, req, replicas, now: float, where: str) -> int:
+    """The router's pick, refused with one line unless it names a replica of the pool (extensions too)."""
+    i = router.pick(req, replicas, now)
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(replicas):
+        raise UserError(f"{where}: router {router.name!r} picked {i!r} for request {req.id}, but the pool has "
+                        f"{len(replicas)} replicas (an index 0..{len(replicas) - 1})")
+    return int(i)
 
 
 def _argmin(values) -> int:
