@@ -56,7 +56,13 @@ class ReplicaClock(ArrivalClock):
         """The exact fast paths commit only iterations that end before this time: the router's next decision.
         A replica's state when the router reads it must be what the plain loop's would be then, never a stretch
         still to be applied (behind) nor cohort steps already past the decision (ahead)."""
-        return self.driver.horizon(self.replica)
+        driver = self.driver
+        return driver.horizon(self.replica) if driver.cut_at_decisions else math.inf
+
+    @property
+    def next_decision(self) -> float:
+        """When the router next places a request (an arrival's time)."""
+        return self.driver.T
 
     @property
     def has_next(self) -> bool:

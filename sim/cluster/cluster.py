@@ -234,11 +234,17 @@ class ReplicaHandle:
 
     @property
     def outstanding_requests(self) -> int:
-        return self.ledger.outstanding_requests
+        ledger = self.ledger
+        if ledger.later:                     # as the router knows it at its decision's time
+            ledger.settle(self.driver.read_time)
+        return ledger.routed - ledger.completed
 
     @property
     def outstanding_tokens(self) -> int:
-        return self.ledger.outstanding_tokens
+        ledger = self.ledger
+        if ledger.later:
+            ledger.settle(self.driver.read_time)
+        return ledger.routed_tokens - ledger.completed_tokens
 
     @property
     def queued(self) -> int:
@@ -340,6 +346,10 @@ class Cluster:
         if self.pd:
             self._check_pools()
         self.looping = False            # the interleaved loop runs: a replica built now must also be started
+        self.read_time = -math.inf      # when the router decides: ledgers count what left before it
+        # Routers that read replica state beyond the ledgers see it exactly as of their decision only if the fast
+        # paths stop before it (ArrivalClock.commit_limit); ledger-only routers let replicas run ahead.
+        self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state)
         self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
         self.pending_total = 0          # hand-offs waiting for decode-side KV, over all decode replicas
         self.heap: list = []
@@ -357,8 +367,8 @@ class Cluster:
         if hasattr(mem, "bind_requests"):            # answers a later turn repeats, wherever that turn lands
             mem.bind_requests(self.requests)
         sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
-            (lambda r, h=h: h.ledger.finish(r.id))
-        sim.on_drop = lambda r, h=h: h.ledger.finish(r.id)     # its load leaves the router's count too
+            (lambda r, h=h: h.ledger.finish(r.id, r.completion_s))
+        sim.on_drop = lambda r, h=h: h.ledger.finish(r.id, h._sim.view.now)   # its load leaves the count too
         if self.pd:                                  # one iteration at a time, earliest first (module doc)
             sim.fast_forward = None
             sim.exact_fast_paths = False
@@ -458,6 +468,7 @@ class Cluster:
             for h in self.replicas:
                 if h.built:                      # a replica never sent a request stays idle and unbuilt
                     h.result = h.sim.run()
+            self._check_ledgers()
             return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
         if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules
             self._route_instant()
@@ -472,6 +483,8 @@ class Cluster:
 
     def _check_ledgers(self) -> None:
         """After a run that was not cut short, every request has left every replica it was sent to."""
+        for h in self.replicas:
+            h.ledger.settle(math.inf)
         if any(h.sim.truncated for h in self.replicas if h.built):
             return
         for h in self.replicas:
@@ -515,6 +528,7 @@ class Cluster:
             for h in [h for h in self.waiting if h.pool == PREFILL and h.clock.releases]:
                 h.clock.release_until(t)          # idle prefill replicas free KV whose transfer has ended
         woken = []
+        self.read_time = t
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
             self.idx += 1
@@ -557,6 +571,7 @@ class Cluster:
             self.handoffs[origin.id] = Handoff(origin, r_p, h, h, t, t, t, t, r)
             self._releaser(h, r_p)()            # nothing to send: the KV is freed as at any completion
             return
+        self.read_time = t
         d = self.decode[checked_pick(self.decode_router, origin, self.decode, t, 'cluster.disaggregation.decode_router')]
         d.ledger.send(origin.id, origin.prompt_tokens + origin.output_tokens)
         ho = Handoff(origin, r_p, h, d, t)

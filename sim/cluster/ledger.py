@@ -9,17 +9,25 @@ short every ledger is empty (sim/cluster/cluster.py checks it). What a pool coun
 - decode: prompt + output tokens, the KV the request will hold there while it generates."""
 from __future__ import annotations
 
+import heapq
+import math
+
 
 class LedgerError(RuntimeError):
     """A hand-off the cluster driver got wrong (a bug, never a user mistake)."""
 
 
 class RouterLedger:
-    __slots__ = ("routed", "routed_tokens", "completed", "completed_tokens", "open")
+    """One replica's ledger. A request leaves at a time: the router, deciding at time t, counts it as gone only if
+    it left before t, which is what it would know if every replica had run exactly up to t. So a replica whose
+    exact fast path has already applied a stretch past t (its state ahead of the router) reads the same as one
+    run iteration by iteration; routers that read only the ledger let replicas run ahead (sim/cluster/routers.py)."""
+    __slots__ = ("routed", "routed_tokens", "completed", "completed_tokens", "open", "later")
 
     def __init__(self):
         self.routed = self.routed_tokens = self.completed = self.completed_tokens = 0
         self.open: dict = {}               # request id → tokens charged, while the request is on this replica
+        self.later: list = []              # (time, tokens) of requests gone at a time not yet reached: a heap
 
     def send(self, rid, tokens: int) -> None:
         if rid in self.open:
@@ -28,16 +36,28 @@ class RouterLedger:
         self.routed += 1
         self.routed_tokens += tokens
 
-    def finish(self, rid) -> None:
+    def finish(self, rid, t: float = -math.inf) -> None:
+        """Request `rid` left at time t (default: at once, as a request refused on arrival)."""
         tokens = self.open.pop(rid, None)
         if tokens is None:
             raise LedgerError(f"request {rid} left a replica it was never sent to")
-        self.completed += 1
-        self.completed_tokens += tokens
+        if t == -math.inf:
+            self.completed += 1
+            self.completed_tokens += tokens
+        else:
+            heapq.heappush(self.later, (t, tokens))
+
+    def settle(self, now: float) -> None:
+        """Count what left before `now`."""
+        later = self.later
+        while later and later[0][0] < now:
+            _, tokens = heapq.heappop(later)
+            self.completed += 1
+            self.completed_tokens += tokens
 
     @property
     def outstanding_requests(self) -> int:
-        return len(self.open)
+        return self.routed - self.completed
 
     @property
     def outstanding_tokens(self) -> int:

@@ -42,6 +42,10 @@ class Router:
 
     name = "router"
     stateless = False     # True: picks never read replica state, so every request may be placed up front
+    # False: picks read only what the router's own ledgers hold (requests and tokens sent, not yet gone), never the
+    # replicas' queues, KV or caches; those may then run their exact fast paths ahead of its decisions. An
+    # extension that reads more must leave it True (the safe default).
+    reads_state = True
 
     def pick(self, req, replicas, now: float) -> int:    # pragma: no cover - interface
         raise NotImplementedError
@@ -74,6 +78,7 @@ def _argmin(values) -> int:
 
 class RoundRobin(Router):
     name = "round_robin"
+    reads_state = False
     stateless = True
 
     def __init__(self, rng, **knobs):
@@ -88,6 +93,7 @@ class RoundRobin(Router):
 
 class Random(Router):
     name = "random"
+    reads_state = False
     stateless = True
 
     def pick(self, req, replicas, now):
@@ -97,6 +103,7 @@ class Random(Router):
 class LeastRequests(Router):
     """Fewest outstanding requests (sent, not yet complete): Envoy's least_request, vLLM's router default."""
     name = "least_requests"
+    reads_state = False
 
     def pick(self, req, replicas, now):
         return _argmin(h.outstanding_requests for h in replicas)
@@ -105,6 +112,7 @@ class LeastRequests(Router):
 class LeastTokens(Router):
     """Join the shortest queue by work: fewest outstanding tokens (prompt + output of unfinished requests)."""
     name = "least_tokens"
+    reads_state = False
 
     def pick(self, req, replicas, now):
         return _argmin(h.outstanding_tokens for h in replicas)
@@ -113,6 +121,7 @@ class LeastTokens(Router):
 class PowerOfTwo(Router):
     """Two replicas drawn at random, the one with fewer outstanding requests (Mitzenmacher's two choices)."""
     name = "power_of_two"
+    reads_state = False
 
     def pick(self, req, replicas, now):
         n = len(replicas)

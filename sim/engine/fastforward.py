@@ -182,9 +182,8 @@ class FastForward:
         view = sim.view
         k = p.k
         active = active.tolist()
-        # Arrivals due in the last iteration land before its record is written, exactly as in the plain loop.
+        # Arrivals due in the last iteration land before its record: the loop rewrites that row after delivering.
         waiting = [p.waiting_before] * k
-        waiting[-1] = len(view.waiting) + len(view.swapped)
         zeros = [0] * k
         sim.iter_rows.extend(zip(p.starts.tolist(), p.dts.tolist(), active, zeros, active, after.tolist(), waiting,
                                  alloc.tolist(), kv_cached.tolist(), zeros, zeros, zeros))

@@ -155,8 +155,11 @@ class Simulation:
                         yield WAIT                      # ... which the router has not placed yet
                     if clock.has_next or clock.releases:
                         t = clock.next_event()
-                        if not clock.synced(t):
-                            yield t
+                        while not clock.synced(t):
+                            # resumed no later than the router's next decision: an arrival it places here
+                            # before t (a disaggregated prefill waiting on a KV release) comes first
+                            yield min(t, clock.next_decision)
+                            t = clock.next_event()
                         now = clock.wake()
                         self.arrived = clock.arrived
                         continue
@@ -207,7 +210,7 @@ class Simulation:
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before
                                and not (view.step_preemptions or view.step_swap_in or view.step_swap_out))
                 before = view.iteration
-                now = skip(now, full_decode, arrived_at_schedule)
+                now = yield from skip(now, full_decode, arrived_at_schedule)
                 if view.iteration > before:          # every skipped iteration generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -268,9 +271,15 @@ class Simulation:
                 return now
             arrived_before = self.arrived
             now = float(plan.ends[-1])
-            self._deliver(float(plan.starts[-1]), now)    # (in a cluster the plan ends before the router's next
-                                                           # decision: ArrivalClock.commit_limit)
+            # Applied first: in a cluster whose router reads only its ledgers the stretch may end past the router's
+            # next decision, and the ledgers time-stamp what leaves (sim/cluster/ledger.py); a router reading more
+            # gets plans that end before its decision (ArrivalClock.commit_limit).
             finished = ff.apply(plan)
+            clock = self.arrival_clock
+            if clock.cluster and not clock.synced(now):
+                yield now
+            self._deliver(float(plan.starts[-1]), now)
+            self._patch_last_waiting()
             self.fast_forward_iterations += plan.k
             # The stretch is still evidence of a blocked queue unless a request completed or arrived in it.
             full_decode = not finished and self.arrived == arrived_before
@@ -323,14 +332,21 @@ class Simulation:
             if t == t0:
                 return t
             arrived_before = self.arrived
+            if clock.cluster and not clock.synced(t):
+                yield t
             self._deliver(start, t)
             view.now = start
-            if self.record_iterations:     # arrivals during the last step land before its record, as in the loop
-                row = self.iter_rows[-1]
-                self.iter_rows[-1] = row[:6] + (len(view.waiting) + len(view.swapped),) + row[7:]
+            self._patch_last_waiting()
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
         return t
+
+    def _patch_last_waiting(self) -> None:
+        """Arrivals during a skipped stretch's last step land before its record, as in the plain loop."""
+        if self.record_iterations:
+            view = self.view
+            row = self.iter_rows[-1]
+            self.iter_rows[-1] = row[:6] + (len(view.waiting) + len(view.swapped),) + row[7:]
 
     def _commit(self, batch, now):
         view, cohort = self.view, self.cohort
