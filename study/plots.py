@@ -230,27 +230,68 @@ def plot_cdfs(tables: dict, metrics=("ttft_s", "tbt_p99_s", "e2e_s")):
     return fig
 
 
-def plot_timeline(iters: pd.DataFrame, capacity_tokens: int | None = None, title: str = ""):
-    """One run over time: batch size, running size, KV use, cumulative evictions/preemptions."""
+POOL_COLORMAPS = {"serve": "Greens", "prefill": "Blues", "decode": "Oranges"}
+
+
+def replica_styles(iters: pd.DataFrame) -> dict:
+    """replica → (colour, label) for a cluster run's iterations: a shade of its pool's colour (prefill blue, decode
+    orange, a plain replica green), so a plot shows which role each line plays."""
+    plt = pyplot()
+    pools = (iters.groupby("replica")["pool"].first() if "pool" in iters
+             else pd.Series("serve", index=sorted(iters["replica"].unique())))
+    out = {}
+    for pool, reps in pools.groupby(pools):
+        cmap = plt.get_cmap(POOL_COLORMAPS.get(pool, "Greys"))
+        n = len(reps)
+        for k, rep in enumerate(reps.index):
+            shade = 0.55 + 0.4 * (k / max(n - 1, 1))      # light to dark, never white
+            out[int(rep)] = (cmap(shade), f"replica {int(rep)} ({pool})")
+    return dict(sorted(out.items()))
+
+
+def _pool_legend(ax, styles: dict) -> None:
+    """One legend entry per replica when few, else one per pool."""
+    from matplotlib.lines import Line2D
+    if len(styles) <= 12:
+        handles = [Line2D([], [], color=c, lw=1.2, label=lab) for c, lab in styles.values()]
+    else:
+        seen = {}
+        for c, lab in styles.values():
+            seen.setdefault(lab.split("(")[-1].rstrip(")"), c)
+        handles = [Line2D([], [], color=c, lw=1.2, label=f"{pool} replicas") for pool, c in seen.items()]
+    ax.legend(handles=handles, fontsize=7, ncol=2)
+
+
+def plot_timeline(iters: pd.DataFrame, capacity_tokens=None, title: str = ""):
+    """One run over time: batch size, running size, KV use, cumulative evictions/preemptions. A cluster run (its
+    iterations carry `replica`) draws one line per replica, coloured by pool; `capacity_tokens` may then map each
+    replica to its own M."""
     plt = pyplot()
     _need_columns(iters, ["start_s", "batch_size", "running", "kv_alloc_tokens", "preemptions"], "timeline")
-    t = iters["start_s"].to_numpy(float)
     fig, axes = plt.subplots(4, 1, figsize=(7, 7.5), sharex=True)
-    axes[0].plot(t, iters["batch_size"], lw=0.8)
-    axes[0].set_ylabel("batch size")
-    axes[1].plot(t, iters["running"], lw=0.8, label="running")
-    if "waiting" in iters:
-        axes[1].plot(t, iters["waiting"], lw=0.8, label="waiting")
-        axes[1].legend(fontsize=7)
-    axes[1].set_ylabel("requests")
-    kv = iters["kv_alloc_tokens"].to_numpy(float)
-    if capacity_tokens:
-        axes[2].plot(t, kv / capacity_tokens, lw=0.8)
-        axes[2].set_ylabel("KV used / M")
+    if "replica" in iters:
+        styles = replica_styles(iters)
+        groups = [(int(rep), g.sort_values("start_s", kind="stable")) for rep, g in iters.groupby("replica")]
     else:
-        axes[2].plot(t, kv, lw=0.8)
-        axes[2].set_ylabel("KV tokens")
-    axes[3].plot(t, np.cumsum(iters["preemptions"].to_numpy()), lw=0.8)
+        styles, groups = {}, [(None, iters)]
+    for rep, g in groups:
+        color, label = styles.get(rep, (None, None))
+        t = g["start_s"].to_numpy(float)
+        axes[0].plot(t, g["batch_size"], lw=0.8, color=color)
+        axes[1].plot(t, g["running"], lw=0.8, color=color, label=None if rep is not None else "running")
+        if "waiting" in g and rep is None:
+            axes[1].plot(t, g["waiting"], lw=0.8, label="waiting")
+        cap = capacity_tokens.get(rep) if isinstance(capacity_tokens, dict) else capacity_tokens
+        kv = g["kv_alloc_tokens"].to_numpy(float)
+        axes[2].plot(t, kv / cap if cap else kv, lw=0.8, color=color)
+        axes[3].plot(t, np.cumsum(g["preemptions"].to_numpy()), lw=0.8, color=color)
+    if styles:
+        _pool_legend(axes[0], styles)
+    elif "waiting" in iters:
+        axes[1].legend(fontsize=7)
+    axes[0].set_ylabel("batch size")
+    axes[1].set_ylabel("running requests" if styles else "requests")
+    axes[2].set_ylabel("KV used / M" if capacity_tokens else "KV tokens")
     axes[3].set_ylabel("preemptions (cum.)")
     axes[3].set_xlabel("time (s)")
     for ax in axes:
@@ -261,25 +302,36 @@ def plot_timeline(iters: pd.DataFrame, capacity_tokens: int | None = None, title
 
 
 def plot_replica_load(iters: pd.DataFrame, title: str = ""):
-    """A cluster run: running requests and KV use per replica over time (sim/cluster/results.per_replica_load)."""
+    """A cluster run: running requests and KV use per replica over time (sim/cluster/results.per_replica_load),
+    one line per replica coloured by its pool."""
     from sim.cluster.results import per_replica_load
     plt = pyplot()
     _need_columns(iters, ["start_s", "duration_s", "running", "kv_alloc_tokens", "replica"], "replicas")
     load = per_replica_load(iters)
+    styles = replica_styles(iters)
     fig, axes = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
     for rep, g in load.groupby("replica"):
-        axes[0].plot(g["t_s"], g["running"], lw=0.8, label=f"replica {rep}")
-        axes[1].plot(g["t_s"], g["kv_alloc_tokens"], lw=0.8)
+        color, label = styles[int(rep)]
+        axes[0].plot(g["t_s"], g["running"], lw=0.8, color=color, label=label)
+        axes[1].plot(g["t_s"], g["kv_alloc_tokens"], lw=0.8, color=color)
     axes[0].set_ylabel("running requests")
     axes[1].set_ylabel("KV tokens in use")
     axes[1].set_xlabel("time (s)")
-    if load["replica"].nunique() <= 12:
-        axes[0].legend(fontsize=7, ncol=2)
+    _pool_legend(axes[0], styles)
     for ax in axes:
         ax.grid(alpha=0.3)
     if title:
         axes[0].set_title(title)
     return fig
+
+
+def replica_capacities(run_dir: Path):
+    """replica → M from a cluster run's replicas.csv, or None."""
+    p = run_dir / "replicas.csv" if run_dir.is_dir() else None
+    if p is None or not p.exists():
+        return None
+    per = pd.read_csv(p)
+    return dict(zip(per["replica"].astype(int), per["M"].astype(int))) if {"replica", "M"} <= set(per) else None
 
 
 def capacity_from_summary(run_dir: Path, iters: pd.DataFrame) -> int | None:
@@ -335,7 +387,9 @@ def cmd_plot(args) -> int:
             raise UserError("plot timeline: give one run directory (written by `servesim run --out DIR`)")
         p = Path(args.inputs[0])
         iters = read_table(p / "iterations.csv" if p.is_dir() else p)
-        fig = plot_timeline(iters, args.capacity_tokens or capacity_from_summary(p, iters), title=p.name)
+        cap = args.capacity_tokens or (replica_capacities(p) if "replica" in iters else
+                                       capacity_from_summary(p, iters))
+        fig = plot_timeline(iters, cap, title=p.name)
         stem = args.out or (p if p.is_dir() else p.parent) / "timeline"
     elif kind == "replicas":
         if len(args.inputs) != 1:

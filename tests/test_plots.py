@@ -124,3 +124,28 @@ def test_attainment_marks_a_curve_that_rises_again_with_load():
     monotone = df.assign(slo_attainment=[1.0, 0.9, 0.7, 0.2])
     ax = plot_attainment(monotone, "workload.rate").axes[0]
     assert not any("not monotone" in t.get_text() for t in ax.texts)
+
+
+def test_cluster_timeline_and_replica_plots_draw_one_line_per_replica_by_pool(tmp_path):
+    """A P/D run: the timeline draws one line per replica whose times never run backwards (rows of replicas were
+    once interleaved), each line a shade of its pool's colour, and KV as a share of that replica's own M."""
+    import matplotlib.colors as mcolors
+    out = tmp_path / "pd"
+    assert main(["run", "examples/cluster-pd.yaml", "--set", "workload.num_requests=80", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert main(["plot", "timeline", str(out), "--formats", "png"]) == 0
+    assert main(["plot", "replicas", str(out), "--formats", "png"]) == 0
+    assert (out / "timeline.png").exists() and (out / "replicas.png").exists()
+    it = pd.read_csv(out / "iterations.csv")
+    caps = dict(zip(*pd.read_csv(out / "replicas.csv")[["replica", "M"]].to_numpy().T))
+    fig = plot_timeline(it, caps)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == it["replica"].nunique() == 3
+    for line in lines:
+        assert (np.diff(line.get_xdata()) >= 0).all()
+    kv = fig.axes[2].get_lines()
+    assert all(0 < max(line.get_ydata()) <= 1.0 for line in kv)
+    hue = [mcolors.rgb_to_hsv(mcolors.to_rgb(line.get_color()))[0] for line in lines]
+    assert hue[0] > 0.5 > hue[1] and abs(hue[1] - hue[2]) < 0.05      # prefill blue, both decode replicas orange
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["replica 0 (prefill)", "replica 1 (decode)", "replica 2 (decode)"]
