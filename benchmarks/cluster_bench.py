@@ -5,8 +5,11 @@ Cases (each in its own process, so peak RSS and wall time are clean):
            Sarathi and vLLM v1: a plain scenario vs the same scenario as a one-replica cluster (best of 3)
   fleet    1,000,000 Poisson requests with conv-like log-normal lengths at 3 req/s per replica over 100 A100
            replicas behind least-outstanding-tokens (the path every load-aware router takes), no iteration tables
+  fleet_rr the same behind round-robin: every replica runs on its own, the floor any router's run can reach
+  idle     40 requests on 20,000 replicas behind least_requests (--idle-replicas): what idle replicas cost
 
-  PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,fleet] [--requests 1000000] [--replicas 100]
+  PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,idle,fleet_rr,fleet] [--requests 1000000]
+      [--replicas 100] [--idle-replicas 20000]
 """
 from __future__ import annotations
 
@@ -69,23 +72,41 @@ def fleet_case(n_requests: int, replicas: int, router: str) -> dict:
             "ttft_p99_s": round(float(s["ttft_p99"]), 4), "load_imbalance": round(float(s["load_imbalance"]), 4)}
 
 
+def idle_case(replicas: int) -> dict:
+    from sim.cluster.runner import run_scenario
+    from sim.scenario.config import scenario_from_dict
+    raw = {"name": "idle", "seed": 0, "policy": {"name": "vllm-v1"}, "costmodel": {"kind": "linear"},
+           "workload": {"kind": "poisson", "num_requests": 40, "rate": 10,
+                        "prompt": {"dist": "uniform", "low": 16, "high": 512},
+                        "output": {"dist": "uniform", "low": 8, "high": 200}},
+           "cluster": {"replicas": replicas, "router": "least_requests"}}
+    t0 = time.perf_counter()
+    res = run_scenario(scenario_from_dict(raw))
+    return {"requests": 40, "replicas": replicas, "router": "least_requests",
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, 3),
+            "replicas_used": int((res.tables["replicas"]["routed"] > 0).sum()), "completed": int(res.summary["completed"])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="n1,fleet")
+    ap.add_argument("--cases", default="n1,idle,fleet_rr,fleet")
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--router", default="least_tokens")
+    ap.add_argument("--idle-replicas", type=int, default=20000)
     ap.add_argument("--one", help=argparse.SUPPRESS)        # run one case in this process, print JSON
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cluster.json"))
     args = ap.parse_args(argv)
     if args.one:
-        rec = n1_case() if args.one == "n1" else fleet_case(args.requests, args.replicas, args.router)
+        rec = (n1_case() if args.one == "n1" else idle_case(args.idle_replicas) if args.one == "idle" else
+               fleet_case(args.requests, args.replicas, "round_robin" if args.one == "fleet_rr" else args.router))
         print(json.dumps(rec))
         return 0
     results = {}
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         cmd = [sys.executable, __file__, "--one", case, "--requests", str(args.requests), "--replicas",
-               str(args.replicas), "--router", args.router]
+               str(args.replicas), "--router", args.router, "--idle-replicas", str(args.idle_replicas)]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
                                                                                  **__import__("os").environ})

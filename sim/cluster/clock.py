@@ -53,9 +53,10 @@ class ReplicaClock(ArrivalClock):
 
     @property
     def commit_limit(self) -> float:
-        """The exact fast paths commit only iterations that end before this time: the router's next decision.
-        A replica's state when the router reads it must be what the plain loop's would be then, never a stretch
-        still to be applied (behind) nor cohort steps already past the decision (ahead)."""
+        """The exact fast paths commit only iterations that end before this time. A router that reads replica
+        state (queues, KV, cached prefixes) must find it as the plain loop's would be at its decision, never a
+        stretch still to be applied (behind) nor cohort steps already past it (ahead): the limit is its next
+        decision. A router that reads only its ledgers (time-stamped, sim/cluster/ledger.py) sets no limit."""
         driver = self.driver
         return driver.horizon(self.replica) if driver.cut_at_decisions else math.inf
 

@@ -179,7 +179,6 @@ class FastForward:
 
     def _record(self, p, active, after, alloc, kv_cached):
         sim = self.sim
-        view = sim.view
         k = p.k
         active = active.tolist()
         # Arrivals due in the last iteration land before its record: the loop rewrites that row after delivering.
