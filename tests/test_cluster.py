@@ -430,3 +430,24 @@ def test_pd_replicas_commit_in_time_order(case, monkeypatch):
     monkeypatch.setattr(Simulation, "_commit", lambda self, batch, now: (ends.append(now), commit(self, batch, now)))
     _run(raw)
     assert ends and all(b >= a for a, b in zip(ends, ends[1:])), describe(raw)
+
+
+def test_ledger_routers_let_replicas_sleep_through_steady_steps(monkeypatch):
+    """Behind a router that reads only its ledgers, a replica in a steady decode sleeps until its next completion
+    (or the router sends it a request) instead of stopping at every routing decision; the tables are those of
+    the plain path, and the driver resumes replicas far fewer times than they run iterations."""
+    from sim.cluster.cluster import Cluster
+    from sim.engine.loop import Simulation
+    sleeps = []
+    look = Simulation._cohort_lookahead
+    monkeypatch.setattr(Simulation, "_cohort_lookahead", lambda self, *a: sleeps.append(1) or look(self, *a))
+    resumes = []
+    resume = Cluster._resume
+    monkeypatch.setattr(Cluster, "_resume", lambda self, h, v=None: (resumes.append(1), resume(self, h, v))[1])
+    raw = _base("sarathi", {**POISSON, "num_requests": 300, "rate": 40}, M=30000)
+    fast = _run({**raw, "sim": {"fast_forward": True}}, {"replicas": 4, "router": "least_tokens"})
+    n_resumes = len(resumes)
+    plain = _run({**raw, "sim": {"fast_forward": False}}, {"replicas": 4, "router": "least_tokens"})
+    pd.testing.assert_frame_equal(fast.requests, plain.requests)
+    pd.testing.assert_frame_equal(fast.iterations, plain.iterations)
+    assert sleeps and n_resumes < len(fast.iterations) / 3

@@ -61,6 +61,12 @@ class ReplicaClock(ArrivalClock):
         return driver.horizon(self.replica) if driver.cut_at_decisions else math.inf
 
     @property
+    def runs_ahead(self) -> bool:
+        """May this replica sleep through steady steps? Only where routers read nothing but their ledgers and no
+        replica hands work to another (no disaggregation)."""
+        return self.driver.runs_ahead
+
+    @property
     def next_decision(self) -> float:
         """When the router next places a request (an arrival's time)."""
         return self.driver.T

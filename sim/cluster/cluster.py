@@ -28,7 +28,7 @@ from sim.cluster.clock import ReplicaClock
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
 from sim.cluster.routers import build_router, checked_pick
-from sim.engine.loop import WAIT
+from sim.engine.loop import WAIT, Until
 from sim.errors import SimulationStuck
 from sim.engine.request import INFEASIBLE, Request
 from sim.scenario.build import build_simulation, requests_from_table, scenario_model
@@ -207,6 +207,8 @@ class ReplicaHandle:
         self.state = "new"              # new (idle since 0, not started) | run | wait | done
         self.ledger = RouterLedger()    # what this replica's router sent here and saw leave
         self.pending: deque = deque()   # disaggregated decode: handoffs waiting for KV room here
+        self.version = 0                # of its latest heap entry (earlier ones lapse)
+        self.asleep = False             # yielded Until: resumed then, or at once when the router sends it one
         self.link_free = 0.0            # disaggregated prefill: when its outgoing link is next free
 
     @property
@@ -350,6 +352,7 @@ class Cluster:
         # Routers that read replica state beyond the ledgers see it exactly as of their decision only if the fast
         # paths stop before it (ArrivalClock.commit_limit); ledger-only routers let replicas run ahead.
         self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state)
+        self.runs_ahead = not (self.cut_at_decisions or self.pd)
         self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
         self.pending_total = 0          # hand-offs waiting for decode-side KV, over all decode replicas
         self.heap: list = []
@@ -417,7 +420,7 @@ class Cluster:
         """May replica h commit an iteration ending at e?"""
         if e >= self.T:
             return False
-        if self.pd and self.heap and (e, h.index) > self.heap[0]:
+        if self.pd and self.heap and (e, h.index) > self.heap[0][:2]:
             return False
         # A replica a hand-off woke must first say when it next acts (it joins the heap): without this check one
         # busy replica could run on alone while the others' transfers wait forever (a livelock).
@@ -446,9 +449,15 @@ class Cluster:
             self.waiting.add(h)
         else:
             h.state = "run"
-            heapq.heappush(self.heap, (v, h.index))
+            self._push(h, v)
+            h.asleep = type(v) is Until
         if self.pd and h.pool == DECODE and h.pending:
             self._reserve(h, h.sim.view.now)
+
+    def _push(self, h, t: float) -> None:
+        """Resume h at t; an earlier entry of h's in the heap lapses (skipped when popped)."""
+        h.version += 1
+        heapq.heappush(self.heap, (float(t), h.index, h.version))
 
     def _wake(self, h, t: float) -> None:
         if h.state == "new":                      # first needed now (a hand-off to an idle decode replica)
@@ -500,8 +509,9 @@ class Cluster:
                 self._route_instant()
                 continue
             if heap:
-                _, i = heapq.heappop(heap)
-                self._resume(replicas[i])
+                _, i, version = heapq.heappop(heap)
+                if version == replicas[i].version:
+                    self._resume(replicas[i])
                 continue
             finished = [h for h in list(self.waiting) if h.clock.final]
             if not finished:
@@ -547,6 +557,9 @@ class Cluster:
                     r.state, r.reason = INFEASIBLE, target.reason
             if h.state == "wait" or h.state == "new" and self.looping:
                 woken.append(h)
+            elif h.asleep:                        # sleeping through steady steps: up now, after this instant
+                h.asleep = False
+                self._push(h, t)
         self.T = reqs[self.idx].arrival_s if self.idx < len(reqs) else math.inf
         for h in dict.fromkeys(woken):            # once each, in routing order
             self._wake(h, t)

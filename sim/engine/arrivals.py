@@ -18,6 +18,7 @@ class ArrivalClock:
     cluster = False                         # a replica on its own: every arrival is known from the start
     final = True
     commit_limit = math.inf                 # the fast paths may commit iterations ending before this time
+    runs_ahead = False                      # a cluster replica that may sleep through steady steps (Until)
 
     def __init__(self, requests, waiting):
         self.requests = requests

@@ -20,6 +20,12 @@ from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
 
 WAIT = None          # what a cluster replica yields when it has nothing to do until the router sends a request
+
+
+class Until(float):
+    """What a cluster replica yields to sleep in a steady decode until this time unless the router sends it a
+    request first: nothing its router reads changes before then (sim/cluster/cluster.py wakes it early)."""
+    __slots__ = ()
 from sim.engine.view import ReplicaView
 
 
@@ -77,6 +83,7 @@ class Simulation:
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
+        self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
         self.on_complete = None                 # cluster: called with each request as it completes
         self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
@@ -300,6 +307,14 @@ class Simulation:
                     or not self.policy.steady_decode(view, full_decode)):
                 return t
             queued = bool(view.waiting or view.swapped)
+            if clock.runs_ahead and not (clock.has_next or clock.releases):
+                # A cluster whose router reads only its ledgers: sleep through the steps before the next one that
+                # changes them (a completion) or needs the plain loop (a KV shortfall), unless the router's next
+                # decision comes after it; the steps are committed when the replica wakes, exactly as below.
+                wake = self._cohort_lookahead(t, self.max_iterations or math.inf)
+                if wake > clock.time:
+                    yield Until(wake)
+                    continue
             # The steps below move no request in or out: their per-step counters are zero (the plain loop
             # resets them every iteration; left alone they would repeat the last scheduled step's swaps).
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
@@ -339,6 +354,45 @@ class Simulation:
             self._patch_last_waiting()
             full_decode = not finished and self.arrived == arrived_before
             arrived_at_schedule = self.arrived
+        return t
+
+    def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
+        """When the steady cohort, left alone from time t, first completes a member (the end of that step) or would
+        be short of KV (the start of that step), computed as _skip_cohort's steps would run, without committing
+        them; after max_steps steps, the end of the last."""
+        cohort, cm = self.cohort, self.costmodel
+        n, context, s = cohort.n, cohort.cached, cohort.steps
+        key = (t, s, n, context, self.memory.free_blocks)
+        if self._lookahead is not None and self._lookahead[0] == key:
+            return self._lookahead[1]           # woken where it slept: the same answer, not computed again
+        wake = self._lookahead_steps(t, stop, max_steps)
+        self._lookahead = (key, wake)
+        return wake
+
+    def _lookahead_steps(self, t: float, stop, max_steps: int) -> float:
+        cohort, cm = self.cohort, self.costmodel
+        n, context, s = cohort.n, cohort.cached, cohort.steps
+        done = min(cohort.done_at) if cohort.done_at else math.inf
+        block_size, first_block = cohort.block_size, cohort.first_block
+        taking = list(cohort.taking)
+        free = self.memory.free_blocks
+        iteration = self.view.iteration
+        for _ in range(max_steps):
+            if iteration >= stop:
+                return t
+            s += 1
+            res = s % block_size
+            first = first_block.get(s, 0)
+            due = taking[res] + first
+            if due > free:
+                return t
+            taking[res] += first
+            free -= due
+            t = t + cm.time_from_sums(n, 0, 0, 0, 0, n, context + n)
+            context += n
+            iteration += 1
+            if s >= done:
+                return t
         return t
 
     def _patch_last_waiting(self) -> None:
