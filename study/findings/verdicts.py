@@ -171,3 +171,26 @@ def row_stamp(paper: str) -> str:
         h.update(str(f.relative_to(REPO_ROOT)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
+
+
+# ---- claim helpers -------------------------------------------------------------------------------------------
+def fmt_effect(e: SeedEffect, kind: str = "ratio") -> str:
+    """'1.74x [1.6, 1.9]' for a ratio effect (values are ratio − 1), '+3.1 pp [..]' for points, else relative."""
+    if kind == "ratio":
+        return f"{1 + e.mean:.2f}x [95% CI {1 + e.lo:.2f}, {1 + e.hi:.2f}]"
+    if kind == "pp":
+        return f"{e.mean:+.1f} pp [95% CI {e.lo:+.1f}, {e.hi:+.1f}]"
+    return f"{100 * e.mean:+.1f}% [95% CI {100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
+
+
+def ratio_outcome(paper: str, ratios: dict, paper_vals: dict | None = None, note: str = "", unit: str = "x",
+                  saturated: str = ""):
+    """Outcome of a claim 'ours > baseline' stated as ratios per seed (name → [ratio per seed]): direction holds
+    for every name by the CI rule; magnitude compares each mean ratio with the paper's (registry.within_ratio)."""
+    from study.findings.registry import Outcome, within_ratio
+    eff = {k: seed_effect([r - 1 for r in v], saturated=saturated) for k, v in ratios.items()}
+    direction, why = combine(eff.values())
+    mag = None if paper_vals is None else all(within_ratio(1 + eff[k].mean, p) for k, p in paper_vals.items())
+    n = max(e.n for e in eff.values())
+    ours = "; ".join(f"{k}: {fmt_effect(e)}" for k, e in eff.items()) + f" ({n} seeds)"
+    return Outcome(paper, ours, direction, mag, note, untestable=why)
