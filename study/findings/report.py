@@ -11,7 +11,7 @@ from pathlib import Path
 from costmodels.errors import UserError
 from study.findings.figures import FIGURES, draw
 from study.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
-                                   REPRODUCED, UNTESTABLE, Outcome, PAPER_TITLES, SETUPS, Result, evaluate,
+                                   REPRODUCED, UNTESTABLE, Outcome, PAPER_TITLES, why_text, SETUPS, Result, evaluate,
                                    load_claims)
 
 
@@ -42,6 +42,11 @@ def tally(results) -> dict:
             "direction_only": sum(r.outcome.verdict == DIRECTION_ONLY for r in results),
             "not_reproduced": sum(r.outcome.verdict == NOT_REPRODUCED for r in results),
             "untestable": sum(r.outcome.verdict == UNTESTABLE for r in results)}
+
+
+def _with_why(claim, out) -> str:
+    w = why_text(claim, out)
+    return f"{out.note} Why: {w}".strip() if w else out.note
 
 
 def _cell(text) -> str:
@@ -121,7 +126,7 @@ def render_markdown(results, scale, figures: dict, fig_rel: str, made: str) -> s
             fig = f"[{c.figure}]({fig_rel}/{c.figure}.png)" if c.figure in figures else ""
             lines.append("| " + " | ".join(_cell(v) for v in (
                 c.id, c.section, c.statement, o.paper, o.ours, _mark(o.direction), _mark(o.magnitude),
-                o.verdict, o.note, fig, r.stamp or "-")) + " |")
+                o.verdict, _with_why(c, o), fig, r.stamp or "-")) + " |")
     if figures:
         lines += ["", "## Figures", ""]
         for name in sorted(figures):
@@ -210,7 +215,8 @@ def to_records(results, scale, made: str = "") -> dict:
             "claims": [{"id": r.claim.id, "paper": r.claim.paper, "section": r.claim.section,
                         "statement": r.claim.statement, "paper_value": r.outcome.paper, "ours": r.outcome.ours,
                         "direction": r.outcome.direction, "magnitude": r.outcome.magnitude,
-                        "verdict": r.outcome.verdict, "note": r.outcome.note, "stamp": r.stamp} for r in results]}
+                        "verdict": r.outcome.verdict, "note": r.outcome.note, "why": why_text(r.claim, r.outcome),
+                        "stamp": r.stamp} for r in results]}
 
 
 QUICK_OUT = "out/reproduce-quick"      # the CI-sized report goes to scratch; docs/ holds the full-scale one
