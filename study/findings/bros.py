@@ -81,6 +81,14 @@ register_setup("bros", [
 ], _header)
 
 
+def pct(v):
+    return f"{100 * v:+.1f}%"
+
+
+def _rates():
+    return f" (RT rates {', '.join(f'{r:g}' for r in RATES)} req/s)"
+
+
 def _mean_ratio(t, key_a, key_b, f=lambda a, b: a / max(b, 1e-3)):
     return float(np.mean([f(a, b) for a, b in zip(t[key_a], t[key_b])]))
 
