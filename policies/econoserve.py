@@ -68,6 +68,8 @@ class EconoServe(Policy):
         gt_queue_cap_frac: float = 0.25     # new PTs wait while queued GTs + partial PTs hold this share of M
         rl_group_granularity: int = 32      # GTs whose padded predicted RL round to the same multiple form a group
         slo_scale: float = 2.0              # JCT SLO = slo_scale · (t_p + t_g · predicted RL) for ordering
+        deadline_mode: str = "slack"        # deadline bucket on the remaining time (deadline − now, §2.7 ordering by
+                                            # deadline) or on the fixed SLO length ('static', the old reading)
         deadline_edges_s: tuple = (0.2, 0.5, 2.0)   # the paper's deadline ranges (variant econoserve-wide-deadlines:
                                                     # three more edges, for SLOs of many seconds)
         len_bucket: int = 128
@@ -82,6 +84,8 @@ class EconoServe(Policy):
                 raise UserError(f"{where}.pipe_buffer_base: {self.pipe_buffer_base!r}; allowed: level, host")
             if self.pipe_hosted_count not in ("figure", "text"):
                 raise UserError(f"{where}.pipe_hosted_count: {self.pipe_hosted_count!r}; allowed: figure, text")
+            if self.deadline_mode not in ("slack", "static"):
+                raise UserError(f"{where}.deadline_mode: {self.deadline_mode!r}; allowed: slack, static")
             if self.repredict not in ("noisy_remaining", "padding"):
                 raise UserError(f"{where}.repredict: {self.repredict!r}; allowed: noisy_remaining, padding")
             for k in ("padding", "reserved_frac", "pipe_buffer_frac"):
@@ -109,7 +113,8 @@ class EconoServe(Policy):
         self.trigger = True
         self.stats = dict(gt_admissions=0, groups=0, group_sizes=[], hosted=0, hosted_done=0, hosted_preempted=0,
                           reserve_extensions=0, offload_free_stops=0, safety_evictions=0, lent_blocks=0,
-                          host_reclaims=0, reserve_blocks_used_max=0)
+                          host_reclaims=0, reserve_blocks_used_max=0, queue_group_sizes=[])
+        self.now = 0.0
 
     # -- ordering ---------------------------------------------------------------------------------------------
     def _bucket(self, x, edges):
@@ -120,7 +125,8 @@ class EconoServe(Policy):
         if not self.config.ordering:
             return (r.arrival_s, r.id)
         c = self.config
-        return (self._bucket(t.slo_s, c.deadline_edges_s), -(r.cached // c.occ_bucket),
+        due = t.slo_s if c.deadline_mode == "static" else t.deadline - self.now
+        return (self._bucket(due, c.deadline_edges_s), -(r.cached // c.occ_bucket),
                 -(length // c.len_bucket), r.arrival_s, r.id)
 
     def _padded(self, tokens):
@@ -254,6 +260,16 @@ class EconoServe(Policy):
             groups.setdefault(-(-r.meta.alloc // gran), []).append(r)
         if not groups:
             return []
+        # the paper's Fig. 2 measure (SyncCoupled groups): same-RL groups among every request waiting now, queued
+        # GTs and prompts not yet run alike (mechanism counter beside the groups admitted below)
+        pending: dict = {}
+        for r in self.q_g:
+            pending[-(-r.meta.alloc // gran)] = pending.get(-(-r.meta.alloc // gran), 0) + 1
+        for _, _, r in self.pt_heap:
+            if r.state == WAITING and r.meta.role == PT:
+                k = -(-self._padded(r.meta.pred) // gran)
+                pending[k] = pending.get(k, 0) + 1
+        self.stats["queue_group_sizes"].extend(pending.values())
         ordered = []
         for members in groups.values():
             members.sort(key=lambda r: self._key(r, r.meta.alloc))
@@ -338,7 +354,13 @@ class EconoServe(Policy):
     def schedule(self, view) -> Batch:
         c = self.config
         stamp = view.iteration
+        self.now = view.now
         self._new_arrivals(view)
+        if c.deadline_mode == "slack" and c.ordering and self.pt_heap:   # remaining time moves requests between
+            self.pt_heap = [(self._key(r, r.input_tokens), i, r) for _, i, r in self.pt_heap]   # deadline ranges
+            for k, _, r in self.pt_heap:
+                r.meta.pt_key = k
+            heapq.heapify(self.pt_heap)
         batch = Batch()
         for r in list(self.active):                # GTs already running: one token each
             if r.state == RUNNING and r.sched_stamp != stamp and self._grow(view, r):

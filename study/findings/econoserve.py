@@ -14,6 +14,8 @@ from study.findings.length_aware import (ECONO_PADDINGS, ECONO_REQUESTS, econo_k
                                       run, run_cluster, sustainable_rate)
 from study.findings.registry import Outcome, Scale, attach_why, not_modelled, register_claim, within, within_ratio
 from study.findings.runs import memo
+from study.findings.verdicts import SEEDS, fmt_effect, ratio_outcome, seed_effect
+from study.findings.registry import register_setup
 
 FULL_NAME = "econoserve"
 VLLM, SARATHI, ORACLE = "vllm (swap)", "sarathi", "econoserve-oracle"
@@ -38,23 +40,39 @@ def rates(s: Scale, dataset: str) -> list:
     return knee_grid(econo_knee(dataset, n_req(s)), s.rate_stride)
 
 
-def es(s: Scale, dataset: str, policy: str, rate: float, padding: float | None = None) -> dict:
+def es(s: Scale, dataset: str, policy: str, rate: float, padding: float | None = None, seed: int = 0) -> dict:
     n = n_req(s)
-    return memo(("econoserve", dataset, policy, rate, n, padding),
-                lambda: run(econo_scenario(dataset, policy, rate, n, padding)))
+    return memo(("econoserve", dataset, policy, rate, n, padding, seed),
+                lambda: run(econo_scenario(dataset, policy, rate, n, padding, seed)))
 
 
-def curve(s, dataset, policy, key="normalized_latency_s"):
-    return [es(s, dataset, policy, r)[key] for r in rates(s, dataset)]
+def curve(s, dataset, policy, key="normalized_latency_s", seed=0):
+    return [es(s, dataset, policy, r, seed=seed)[key] for r in rates(s, dataset)]
 
 
-def sustainable(s, dataset, policy) -> float:
-    thr = 4 * curve(s, dataset, VLLM)[0]
-    return sustainable_rate(rates(s, dataset), curve(s, dataset, policy), thr)
+THRESHOLD = 4.0          # sustainable-rate latency rule: ≤ 4x vLLM's normalized latency at the lowest rate (ours:
+THRESHOLDS = (2.0, 3.0, 4.0)   # the paper states none), swept in ES-1
 
 
-def mean_over(s, policy, key, datasets=DATASETS) -> float:
-    return float(np.mean([v for d in datasets for v in curve(s, d, policy, key)]))
+def sustainable(s, dataset, policy, seed=0, factor=THRESHOLD) -> float:
+    """Largest sustained rate (verdicts.sustainable_rate: served ≥ 95% and normalized latency ≤ factor x vLLM's
+    at the lowest rate); a system sustaining none of the grid gets half the lowest rate (a bound)."""
+    thr = factor * curve(s, dataset, VLLM, seed=seed)[0]
+    r = sustainable_rate(rates(s, dataset), curve(s, dataset, policy, seed=seed), thr,
+                         curve(s, dataset, policy, "served", seed=seed))
+    return r or rates(s, dataset)[0] / 2
+
+
+def gains(s, dataset, policy, base, factor=THRESHOLD) -> list:
+    return [sustainable(s, dataset, policy, k, factor) / sustainable(s, dataset, base, k, factor) for k in SEEDS]
+
+
+def mean_over(s, policy, key, datasets=DATASETS, seed=0) -> float:
+    return float(np.mean([v for d in datasets for v in curve(s, d, policy, key, seed)]))
+
+
+def per_seed(s, policy, key, datasets=DATASETS) -> list:
+    return [mean_over(s, policy, key, datasets, k) for k in SEEDS]
 
 
 def x(v):
@@ -65,110 +83,158 @@ def pct(v):
     return f"{100 * v:+.0f}%"
 
 
+def groups_note(s) -> str:
+    """Mechanism counters at the headline scenario (ShareGPT at vLLM's knee, seed 0): the admitted groups' size
+    distribution beside the same-RL groups in the whole queue (the paper's Fig. 2 measure), lent KV, hosted GTs."""
+    st = es(s, "sharegpt", FULL_NAME, sweep_rate(s))["policy_stats"]
+    h = st.get("group_size_hist", {})
+    return (f"Mechanism (ShareGPT, {sweep_rate(s):g} req/s, seed 0): {st.get('groups', 0)} groups admitted, mean size "
+            f"{st.get('group_size_mean', 0):.2f} (" + ", ".join(f"{k}: {100 * v:.0f}%" for k, v in h.items()) +
+            f"); same-RL groups in the whole queue ≥ 4: {100 * st.get('queue_group_ge4', 0):.0f}% (paper Fig. 2: "
+            f"59%); lent blocks {st.get('lent_blocks', 0)}, hosted GTs {st.get('hosted', 0)}, reserve extensions "
+            f"{st.get('reserve_extensions', 0)}.")
+
+
+def _header(s) -> str:
+    k = {d: econo_knee(d, n_req(s)) for d in DATASETS}
+    return ("Operating points: Figs. 9–11 report sustainable-rate ratios and means over a rate sweep; we sweep "
+            "multiples of our vLLM's knee (the ratio is the quantity the paper fixed) and read sustained rates by the "
+            "one capacity rule. The paper states no latency threshold for 'sustainable': ours is 4x vLLM's "
+            "normalized latency at the lowest rate, and ES-1 sweeps 2x/3x/4x. The single-rate experiments (padding "
+            "sweep, DistServe) run at vLLM's ShareGPT knee; the paper gives no rate for them. Our vLLM's knee: " +
+            ", ".join(f"{d} {v:.2f} req/s" for d, v in k.items()) + f". Seeds {list(SEEDS)}.")
+
+
+register_setup("econoserve", [
+    ("model / GPU", "OPT-13B (and others) on A100-80GB", "OPT-13B on one A100-80GB, GPU time only"),
+    ("KV cache", "12 GB", "15,728 tokens (12 GB at 0.78 MiB/token), 32-token blocks"),
+    ("length predictor", "fine-tuned OPT-13B", "log-normal noise calibrated to Fig. 5a's over/under-provisioning"),
+    ("deadline ordering", "JCT-SLO deadline ranges", "remaining time to the deadline (deadline − now), bucketed "
+                                                     "0.2/0.5/2 s"),
+    ("grouping", "'same predicted RL'", "padded predicted RL rounded up to 32 tokens"),
+    ("sustainable rate", "not stated", "served ≥ 95% AND normalized latency ≤ 4x vLLM's lowest-rate value"),
+    ("seeds", "one run", f"{len(SEEDS)} seeds, 95% CI"),
+], _header)
+
+
 @register_claim("ES-1", "econoserve", "1, 5 (Fig. 9)", "Up to 4x the sustainable request rate of vLLM at similar "
                 "normalized latency (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)")
 def es1(s):
-    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, VLLM), 1e-9) for d in DATASETS}
-    return Outcome("up to 4x (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   all(v > 1 for v in r.values()), within_ratio(max(r.values()), 4.0),
-                   note="vLLM with swap preemption; Llama-2-7B / A100 linear cost model (the paper: OPT-13B and "
-                        "others)")
+    out = ratio_outcome("up to 4x (ShareGPT 2.5–4x, Alpaca 1.13–2.14x)",
+                        {d: gains(s, d, FULL_NAME, VLLM) for d in DATASETS}, {"sharegpt": 3.25, "alpaca": 1.64})
+    sweep = "; ".join(f"{f:g}x: " + ", ".join(f"{d} {np.mean(gains(s, d, FULL_NAME, VLLM, f)):.2f}x"
+                                               for d in DATASETS) for f in THRESHOLDS)
+    out.ours += f"; threshold sweep (x vLLM's low-load latency) {sweep}"
+    out.note = ("judged at the 4x threshold; magnitude against each range's middle; vLLM with swap preemption. " +
+                groups_note(s) + (" " + out.note if out.note else "")).strip()
+    return out
 
 
 @register_claim("ES-2", "econoserve", "5 (Fig. 9)", "Sustainable rate vs Sarathi-Serve: ShareGPT 1.25–2.25x, Alpaca "
                 "1.2–1.24x")
 def es2(s):
-    paper = {"sharegpt": 1.75, "alpaca": 1.22}
-    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, SARATHI), 1e-9) for d in DATASETS}
-    return Outcome("ShareGPT 1.25–2.25x, Alpaca 1.2–1.24x", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   all(v > 1 for v in r.values()), all(within_ratio(r[d], paper[d]) for d in DATASETS),
-                   note="magnitude against the middle of each range")
+    return ratio_outcome("ShareGPT 1.25–2.25x, Alpaca 1.2–1.24x", {d: gains(s, d, FULL_NAME, SARATHI) for d in DATASETS},
+                         {"sharegpt": 1.75, "alpaca": 1.22}, note="magnitude against the middle of each range")
 
 
 @register_claim("ES-3", "econoserve", "5 (Fig. 9)", "The advantage over vLLM is smallest on Alpaca: short sequences "
                 "let many requests batch anyway")
 def es3(s):
-    r = {d: sustainable(s, d, FULL_NAME) / max(sustainable(s, d, VLLM), 1e-9) for d in DATASETS}
-    return Outcome("Alpaca gain < ShareGPT gain", ", ".join(f"{d}: {x(v)}" for d, v in r.items()),
-                   r["alpaca"] < r["sharegpt"])
+    a, g = gains(s, "alpaca", FULL_NAME, VLLM), gains(s, "sharegpt", FULL_NAME, VLLM)
+    return ratio_outcome("Alpaca gain < ShareGPT gain", {"ShareGPT gain / Alpaca gain": [y / z for z, y in zip(a, g)]},
+                         note="per seed: the gain over vLLM on ShareGPT over the gain on Alpaca")
 
 
 @register_claim("ES-4", "econoserve", "1", "Up to 91% lower JCT than vLLM")
 def es4(s):
-    red = {d: max(1 - a / b for a, b in zip(curve(s, d, FULL_NAME, "jct_mean_s"), curve(s, d, VLLM, "jct_mean_s")))
-           for d in DATASETS}
-    best = max(red.values())
+    red = [max(max(1 - a / b for a, b in zip(curve(s, d, FULL_NAME, "jct_mean_s", k), curve(s, d, VLLM, "jct_mean_s", k)))
+               for d in DATASETS) for k in SEEDS]
+    e = seed_effect(red)
     uns = "econoserve-unsynced (no synced admission)"
     alone = {d: float(np.mean([1 - a / b for a, b in zip(curve(s, d, uns, "jct_mean_s"),
                                                          curve(s, d, FULL_NAME, "jct_mean_s"))])) for d in DATASETS}
-    return Outcome("up to −91%", ", ".join(f"{d}: up to {pct(-v)}" for d, v in red.items()) + " (max over rates)",
-                   best > 0, within(best, 0.91),
+    return Outcome("up to −91%", f"best JCT reduction over rates and datasets {fmt_effect(e, 'rel')} "
+                   f"({len(SEEDS)} seeds)", e.verdict != "opposite", within(e.mean, 0.91),
                    note="synced GT admission alone changes mean JCT by " +
                         ", ".join(f"{d} {pct(-v)}" for d, v in alone.items()) +
-                        " (EconoServe without it against EconoServe, mean over rates)")
+                        " (EconoServe without it against EconoServe, mean over rates, seed 0)",
+                   untestable=e.reason if e.verdict == "untestable" else "")
 
 
 @register_claim("ES-5", "econoserve", "5 (Fig. 10)", "SSR (JCT-SLO satisfaction) higher than vLLM (+83%) and "
                 "Sarathi-Serve (+42%), averaged over datasets")
 def es5(s):
-    e = mean_over(s, FULL_NAME, "ssr")
-    rv, rs = e / mean_over(s, VLLM, "ssr") - 1, e / mean_over(s, SARATHI, "ssr") - 1
-    return Outcome("+83% vs vLLM, +42% vs Sarathi", f"SSR {100 * e:.0f}%: {pct(rv)} vs vLLM, {pct(rs)} vs Sarathi "
-                   "(mean over datasets and rates)", rv > 0 and rs > 0, within(rv, 0.83) and within(rs, 0.42))
+    e = per_seed(s, FULL_NAME, "ssr")
+    r = {"vs vLLM": [a / b for a, b in zip(e, per_seed(s, VLLM, "ssr"))],
+         "vs Sarathi": [a / b for a, b in zip(e, per_seed(s, SARATHI, "ssr"))]}
+    out = ratio_outcome("+83% vs vLLM, +42% vs Sarathi", r, {"vs vLLM": 1.83, "vs Sarathi": 1.42},
+                        note="SSR ratio, mean over datasets and rates")
+    out.ours = f"EconoServe SSR {100 * np.mean(e):.0f}%; " + out.ours
+    return out
 
 
 @register_claim("ES-6", "econoserve", "5 (Fig. 10)", "EconoServe's SSR is only 2–4% below the Oracle's (true lengths)")
 def es6(s):
-    e, o = mean_over(s, FULL_NAME, "ssr"), mean_over(s, ORACLE, "ssr")
-    gap = 1 - e / o
-    return Outcome("2–4% below Oracle", f"{100 * gap:.1f}% below (SSR {100 * e:.1f}% vs {100 * o:.1f}%)",
-                   gap >= 0, within(gap, 0.03))
+    gap = [1 - a / b for a, b in zip(per_seed(s, FULL_NAME, "ssr"), per_seed(s, ORACLE, "ssr"))]
+    e = seed_effect(gap)
+    return Outcome("2–4% below Oracle", f"EconoServe's SSR {fmt_effect(e, 'rel')} below the Oracle's "
+                   f"({len(SEEDS)} seeds)", e.verdict != "opposite", within(e.mean, 0.03),
+                   note="the direction (Oracle ≥ EconoServe) is read by the CI rule; a gap inside the 2% tie is "
+                        "untestable", untestable=e.reason if e.verdict == "untestable" else "")
 
 
 @register_claim("ES-7", "econoserve", "5 (Fig. 11)", "Higher KV-cache utilization on ShareGPT than vLLM (+27%) and "
                 "Sarathi-Serve (+18%)")
 def es7(s):
     key, d = "kv_written_util", ("sharegpt",)
-    e = mean_over(s, FULL_NAME, key, d)
-    rv, rs = e / mean_over(s, VLLM, key, d) - 1, e / mean_over(s, SARATHI, key, d) - 1
-    return Outcome("+27% vs vLLM, +18% vs Sarathi", f"written KV / capacity {100 * e:.0f}%: {pct(rv)} vs vLLM, "
-                   f"{pct(rs)} vs Sarathi (mean over rates)", rv > 0 and rs > 0, within(rv, 0.27) and within(rs, 0.18),
-                   note="utilization = KV actually written, sampled every 10 iterations")
+    e = per_seed(s, FULL_NAME, key, d)
+    r = {"vs vLLM": [a / b for a, b in zip(e, per_seed(s, VLLM, key, d))],
+         "vs Sarathi": [a / b for a, b in zip(e, per_seed(s, SARATHI, key, d))]}
+    out = ratio_outcome("+27% vs vLLM, +18% vs Sarathi", r, {"vs vLLM": 1.27, "vs Sarathi": 1.18},
+                        note="utilization = KV actually written, sampled every 10 iterations, mean over rates")
+    out.ours = f"written KV / capacity {100 * np.mean(e):.0f}%; " + out.ours
+    return out
 
 
 @register_claim("ES-8", "econoserve", "5.6", "GT queueing does not greatly increase TBT (EconoServe mean 0.141 s)")
 def es8(s):
     d = ("sharegpt",)
-    e, v = mean_over(s, FULL_NAME, "tpot_mean_s", d), mean_over(s, VLLM, "tpot_mean_s", d)
-    return Outcome("mean TBT 0.141 s, not much above the baselines'", f"mean TPOT {1e3 * e:.0f} ms vs vLLM "
-                   f"{1e3 * v:.0f} ms ({x(e / v)})", e <= 1.25 * v, within(e, 0.141),
-                   note="'not greatly' read as ≤ 1.25x vLLM's; the absolute value depends on model and GPU")
+    e, v = per_seed(s, FULL_NAME, "tpot_mean_s", d), per_seed(s, VLLM, "tpot_mean_s", d)
+    eff = seed_effect([1.25 - a / b for a, b in zip(e, v)])
+    return Outcome("mean TBT 0.141 s, not much above the baselines'", f"mean TPOT {1e3 * np.mean(e):.0f} ms vs vLLM "
+                   f"{1e3 * np.mean(v):.0f} ms; margin under 1.25x vLLM's {eff.mean:+.2f} [95% CI {eff.lo:+.2f}, "
+                   f"{eff.hi:+.2f}] ({len(SEEDS)} seeds)", eff.verdict != "opposite", within(np.mean(e), 0.141),
+                   note="'not greatly' read as ≤ 1.25x vLLM's; the absolute value depends on model and GPU",
+                   untestable=eff.reason if eff.verdict == "untestable" else "")
 
 
 @register_claim("ES-9", "econoserve", "2 (Fig. 1d)", "KV allocation failures: vLLM 74% of requests, Sarathi-Serve 67%; "
                 "exact allocation avoids them")
 def es9(s):
-    f = {p: mean_over(s, p, "alloc_failure_pct") / 100 for p in (VLLM, SARATHI, FULL_NAME)}
-    return Outcome("vLLM 74% > Sarathi 67% > exact allocation", ", ".join(f"{p}: {100 * v:.0f}%" for p, v in f.items()),
-                   f[VLLM] > f[SARATHI] > f[FULL_NAME], within(f[VLLM], 0.74) and within(f[SARATHI], 0.67),
-                   note="failure = a request that was preempted (evicted or swapped) or failed an allocation")
-
-
-TIE = 0.02
+    f = {p: per_seed(s, p, "alloc_failure_pct") for p in (VLLM, SARATHI, FULL_NAME)}
+    r = {"vLLM / Sarathi": [a / max(b, 1e-9) for a, b in zip(f[VLLM], f[SARATHI])],
+         "Sarathi / EconoServe": [a / max(b, 1e-9) for a, b in zip(f[SARATHI], f[FULL_NAME])]}
+    out = ratio_outcome("vLLM 74% > Sarathi 67% > exact allocation", r,
+                        note="failure = a request that was preempted (evicted or swapped) or failed an allocation")
+    out.ours = ", ".join(f"{p}: {np.mean(v):.0f}%" for p, v in f.items()) + "; " + out.ours
+    out.magnitude = within(np.mean(f[VLLM]) / 100, 0.74) and within(np.mean(f[SARATHI]) / 100, 0.67)
+    return out
 
 
 @register_claim("ES-10", "econoserve", "2 (Fig. 1)", "vLLM vs Sarathi-Serve: +20% KV utilization, −41% throughput, "
                 "−27% forward size, +29% JCT")
 def es10(s):
     keys = {"kv_written_util": 0.20, "throughput_rps": -0.41, "forward_size_mean": -0.27, "jct_mean_s": 0.29}
-    ch = {k: float(np.mean([es(s, d, VLLM, rates(s, d)[-1])[k] / es(s, d, SARATHI, rates(s, d)[-1])[k] - 1
-                            for d in DATASETS])) for k in keys}
-    # A change under 2% is a tie, not a direction: its sign flips with small model changes.
-    return Outcome("+20% / −41% / −27% / +29%", ", ".join(f"{k}: {pct(v)}" for k, v in ch.items()) +
-                   " (at each dataset's highest rate, averaged)",
-                   all(np.sign(ch[k]) == np.sign(p) and abs(ch[k]) >= TIE for k, p in keys.items()),
-                   all(within(ch[k], p) for k, p in keys.items()),
-                   note=f"a change under {TIE:.0%} counts as a tie (no direction).")
+    ch = {k: [float(np.mean([es(s, d, VLLM, rates(s, d)[-1], seed=j)[k] /
+                             es(s, d, SARATHI, rates(s, d)[-1], seed=j)[k] - 1 for d in DATASETS])) for j in SEEDS]
+          for k in keys}
+    eff = {k: seed_effect([np.sign(p) * c for c in ch[k]]) for k, p in keys.items()}
+    from study.findings.verdicts import combine
+    direction, why = combine(eff.values())
+    return Outcome("+20% / −41% / −27% / +29%", ", ".join(f"{k}: {fmt_effect(seed_effect(ch[k]), 'rel')}"
+                                                          for k in keys) +
+                   f" (at each dataset's highest rate, averaged; {len(SEEDS)} seeds)", direction,
+                   all(within(float(np.mean(ch[k])), p) for k, p in keys.items()), untestable=why)
 
 
 for _id, _sec, _st, _why in (
@@ -213,30 +279,44 @@ def es17(s):
 @register_claim("ES-18", "econoserve", "5 (Fig. 13)", "Ablation: EconoServe-D, -SD and -SDO all do worse than "
                 "EconoServe; KV pipelining and decoupling are the largest contributors")
 def es18(s):
-    full = {d: sustainable(s, d, FULL_NAME) for d in DATASETS}
-    loss = {v: float(np.mean([1 - sustainable(s, d, v) / full[d] for d in DATASETS])) for v in ABLATIONS}
-    ssr = {v: mean_over(s, v, "ssr") for v in ABLATIONS}
-    e_ssr = mean_over(s, FULL_NAME, "ssr")
     paper = list(ABLATIONS)[:3]                     # the paper's D, SD, SDO; the other two are ours, shown only
-    ok = all(loss[v] > 0 for v in paper) and all(ssr[v] <= e_ssr for v in paper)
-    return Outcome("all below EconoServe (JCT +7–29%, SSR −16–21%)",
-                   "sustainable-rate loss " + ", ".join(f"{ABLATIONS[v]}: {pct(-l)}" for v, l in loss.items()) +
-                   f"; SSR {100 * e_ssr:.0f}% vs " + ", ".join(f"{100 * v:.0f}%" for v in ssr.values()), ok,
-                   note="the paper's per-component numbers are internally inconsistent (spec §9): direction only")
+    r = {ABLATIONS[v]: [sustainable(s, d, FULL_NAME, k) / sustainable(s, d, v, k) for k in SEEDS for d in DATASETS]
+         for v in ABLATIONS}
+    out = ratio_outcome("all below EconoServe (JCT +7–29%, SSR −16–21%)",
+                        {ABLATIONS[v]: r[ABLATIONS[v]] for v in paper},
+                        note="EconoServe's sustainable rate over each ablation's (per seed and dataset); the paper's "
+                             "per-component numbers are internally inconsistent (spec §9): direction only. Ours, "
+                             "shown only: " + ", ".join(f"{ABLATIONS[v]} {np.mean(r[ABLATIONS[v]]):.2f}x"
+                                                        for v in list(ABLATIONS)[3:]))
+    return out
 
 
 @register_claim("ES-19", "econoserve", "2 (Fig. 2)", "Same-length GT groups exist: 59% (ShareGPT) / 61% (Alpaca) of "
                 "groups have ≥ 4 requests, 23% / 20% have ≥ 12")
 def es19(s):
     paper = {"sharegpt": (0.59, 0.23), "alpaca": (0.61, 0.20)}
-    g = {d: tuple(float(np.mean([es(s, d, FULL_NAME, r)["policy_stats"].get(k, 0) for r in rates(s, d)]))
-                  for k in ("group_size_ge4", "group_size_ge12")) for d in DATASETS}
-    return Outcome("≥ 4: 59% / 61%; ≥ 12: 23% / 20%", "; ".join(f"{d}: ≥ 4 {100 * a:.0f}%, ≥ 12 {100 * b:.0f}%"
-                                                              for d, (a, b) in g.items()),
-                   all(a > 0 for a, _ in g.values()),
-                   all(within(g[d][0], paper[d][0]) and within(g[d][1], paper[d][1]) for d in DATASETS),
-                   note="EconoServe's groups (padded predicted length rounded to rl_group_granularity), mean over "
-                        "rates; the paper measures SyncCoupled groups (spec: depends on the grouping granularity)")
+
+    def stat(d, key, k):
+        return float(np.mean([es(s, d, FULL_NAME, r, seed=k)["policy_stats"].get(key, 0) for r in rates(s, d)]))
+    q = {d: ([stat(d, "queue_group_ge4", k) for k in SEEDS], [stat(d, "queue_group_ge12", k) for k in SEEDS])
+         for d in DATASETS}
+    adm = {d: ([stat(d, "group_size_ge4", k) for k in SEEDS], [stat(d, "group_size_mean", k) for k in SEEDS])
+           for d in DATASETS}
+    eff = {d: seed_effect(q[d][0]) for d in DATASETS}
+    from study.findings.verdicts import combine
+    direction, why = combine(eff.values())
+    return Outcome("≥ 4: 59% / 61%; ≥ 12: 23% / 20%",
+                   "same-RL groups in the queue (Fig. 2's measure): " +
+                   "; ".join(f"{d}: ≥ 4 {100 * np.mean(a):.0f}%, ≥ 12 {100 * np.mean(b):.0f}%" for d, (a, b) in q.items())
+                   + ". Groups EconoServe admitted: " +
+                   "; ".join(f"{d}: ≥ 4 {100 * np.mean(a):.0f}%, mean size {np.mean(b):.2f}" for d, (a, b) in adm.items())
+                   + f" (mean over rates, {len(SEEDS)} seeds)", direction,
+                   all(within(np.mean(q[d][0]), paper[d][0]) and within(np.mean(q[d][1]), paper[d][1])
+                       for d in DATASETS),
+                   note="Fig. 2 measures SyncCoupled groups: every waiting request grouped by predicted RL (here: "
+                        "padded predicted RL rounded to 32 tokens, counted at each group admission). The groups "
+                        "EconoServe admits are smaller: a completing group frees only its own KV, and only that much "
+                        "can be admitted next. " + groups_note(s), untestable=why)
 
 
 WHY = {   # qualitative reasons for disagreements; the figures are in each row's `ours`, from the run itself

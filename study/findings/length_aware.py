@@ -12,6 +12,7 @@ from policies.length_aware import jct_slo_s
 from sim.scenario.config import scenario_from_dict
 from sim.engine.request import RUNNING
 from sim.scenario.build import build_simulation
+from study.findings.verdicts import served_ratio, sustainable_rate as _sustainable_rate
 
 
 def run(raw: dict) -> dict:
@@ -38,8 +39,10 @@ def run(raw: dict) -> dict:
     slo = np.array([jct_slo_s(sim.costmodel, p, o) for p, o in zip(done.prompt_tokens, done.output_tokens)])
     failed = [bool(getattr(r.meta, "failed", False)) or r.evictions > 0 or r.swaps > 0 for r in sim.requests]
     it = res.iterations
+    comp = (req.arrival_s + req.e2e_s).where(req.status == "done")
     out = {
         "completed": int(s["completed"]), "requests": int(s["requests"]),
+        "served": served_ratio(req.arrival_s.to_numpy(), comp.to_numpy(float)),
         "normalized_latency_s": s["normalized_latency_mean"], "jct_mean_s": s["e2e_mean"], "jct_p99_s": s["e2e_p99"],
         "ttft_mean_s": s["ttft_mean"], "tpot_mean_s": s["tpot_mean"], "throughput_rps": s["request_throughput"],
         "tps": s["tps"],
@@ -68,7 +71,20 @@ def run(raw: dict) -> dict:
             out["policy_stats"]["group_size_mean"] = float(np.mean(sizes))
             out["policy_stats"]["group_size_ge4"] = float(np.mean(np.asarray(sizes) >= 4))
             out["policy_stats"]["group_size_ge12"] = float(np.mean(np.asarray(sizes) >= 12))
+            out["policy_stats"]["group_size_hist"] = group_hist(sizes)
+        q = sim.policy.stats.get("queue_group_sizes")
+        if q:
+            out["policy_stats"]["queue_group_ge4"] = float(np.mean(np.asarray(q) >= 4))
+            out["policy_stats"]["queue_group_ge12"] = float(np.mean(np.asarray(q) >= 12))
+            out["policy_stats"]["queue_group_mean"] = float(np.mean(q))
     return out
+
+
+def group_hist(sizes) -> dict:
+    """Share of groups by size: 1, 2–3, 4–11, ≥ 12 (the paper's Fig. 2 thresholds)."""
+    a = np.asarray(sizes)
+    return {"1": float(np.mean(a == 1)), "2-3": float(np.mean((a >= 2) & (a < 4))),
+            "4-11": float(np.mean((a >= 4) & (a < 12))), ">=12": float(np.mean(a >= 12))}
 
 
 def run_cluster(raw: dict) -> dict:
@@ -102,18 +118,10 @@ def run_cluster(raw: dict) -> dict:
     return out
 
 
-def sustainable_rate(rates, latencies, threshold):
-    """Largest rate whose normalized latency stays ≤ threshold (linear interpolation across the crossing)."""
-    best = 0.0
-    for i, (r, l) in enumerate(zip(rates, latencies)):
-        if l <= threshold:
-            best = r
-            continue
-        if i > 0 and latencies[i - 1] <= threshold:
-            r0, l0 = rates[i - 1], latencies[i - 1]
-            best = r0 + (r - r0) * (threshold - l0) / (l - l0)
-        break
-    return best
+def sustainable_rate(rates, latencies, threshold, served=None):
+    """Largest sustained rate (study.findings.verdicts: served ≥ 95% of the offered load and normalized latency ≤
+    threshold)."""
+    return _sustainable_rate(rates, latencies, threshold, served)
 
 
 # ---- rates relative to the baseline's knee ---------------------------------------------------------------------
@@ -167,12 +175,12 @@ ECONO_REQUESTS = 600              # per run (the benchmark's full setting)
 ECONO_PADDINGS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 
 
-def econo_scenario(dataset, policy, rate, n, padding=None):
+def econo_scenario(dataset, policy, rate, n, padding=None, seed=0):
     pad, res, b = ECONO_SETUPS[dataset]
     wl = {"kind": f"econoserve-{dataset}", "num_requests": n, "rate": rate}
     if policy == "econoserve-oracle":
         wl["predictor"] = {"kind": "oracle"}
-    return {"name": f"econoserve-{dataset}", "seed": 0, **copy.deepcopy(ECONO_BASE),
+    return {"name": f"econoserve-{dataset}", "seed": seed, **copy.deepcopy(ECONO_BASE),
             "memory": {"M": ECONO_M, "block_size": 32, "swap_space_gib": 16},
             "policy": ECONO_POLICIES[policy](pad if padding is None else padding, res, b), "workload": wl}
 
@@ -207,12 +215,12 @@ ALISE_VARIANTS = {   # name: (policy, memory extras, predictor override)
 }
 
 
-def alise_scenario(dataset, variant, rate, n, predictor=None):
+def alise_scenario(dataset, variant, rate, n, predictor=None, seed=0):
     pol, mem, pred = ALISE_VARIANTS[variant]
     wl = {"kind": f"alise-{dataset}", "num_requests": n, "rate": rate}
     if predictor or pred:
         wl["predictor"] = predictor or pred
-    return {"name": f"alise-{dataset}", "seed": 0, **copy.deepcopy(ALISE_BASE), "policy": dict(pol), "workload": wl,
+    return {"name": f"alise-{dataset}", "seed": seed, **copy.deepcopy(ALISE_BASE), "policy": dict(pol), "workload": wl,
             "memory": {"M": ALISE_M, "block_size": 16, "swap_space_gib": 64, **mem}}
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -99,9 +101,20 @@ class Result:
     outcome: Outcome
     scale: str
     wall_s: float = 0.0
+    stamp: str = ""           # code version of the row: hash of the files its paper's claims depend on
 
 
 CLAIMS: dict[str, Claim] = {}
+# Per paper: how our setup differs from the paper's (aspect, paper, ours) and a header note computed at run time
+# (e.g. how far our baseline's capacity is from the paper's), shown above the paper's rows in the report.
+SETUPS: dict = {}
+PAPER_TITLES = {"infermax": "InferMax", "aptserve": "Apt-Serve", "bros": "BROS", "econoserve": "EconoServe",
+                "alise": "ALISE"}
+
+
+def register_setup(paper: str, rows, header=None) -> None:
+    """rows: (aspect, the paper's setup, ours); header: callable(scale) -> str, or None."""
+    SETUPS[paper] = (list(rows), header)
 # Modules that register claims; a new seed paper adds its module here.
 CLAIM_MODULES = ["study.findings.infermax", "study.findings.aptserve", "study.findings.bros", "study.findings.econoserve",
                  "study.findings.alise"]
@@ -121,10 +134,20 @@ def attach_why(whys: dict) -> None:
         CLAIMS[cid].why = why
 
 
+WHYS_FILE = Path(__file__).with_name("whys.json")
+
+
 def load_claims() -> dict[str, Claim]:
     for mod in CLAIM_MODULES:
         importlib.import_module(mod)
+    if WHYS_FILE.exists():       # explanations written after the runs (prose: not part of a row's code stamp)
+        attach_why({k: v for k, v in json.loads(WHYS_FILE.read_text()).items() if k in CLAIMS})
     return CLAIMS
+
+
+def why_text(claim: Claim, out: Outcome) -> str:
+    """The claim's explanation, shown with a row whose direction or magnitude disagrees."""
+    return claim.why if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY) else ""
 
 
 def missing_requirement(claim: Claim) -> str | None:
@@ -143,9 +166,8 @@ def evaluate(claim: Claim, scale: Scale) -> Result:
         out = Outcome("see statement", "-", None, None, f"needs `{missing}`, which is not available in this build")
     else:
         out = claim.check(scale)
-        if claim.why and out.verdict in (NOT_REPRODUCED, DIRECTION_ONLY):
-            out.note = f"{out.note} Why: {claim.why}" if out.note else f"Why: {claim.why}"
-    return Result(claim, out, scale.name, time.perf_counter() - t0)
+    from study.findings.verdicts import row_stamp
+    return Result(claim, out, scale.name, time.perf_counter() - t0, row_stamp(claim.paper))
 
 
 def not_modelled(paper: str, reason: str) -> Outcome:

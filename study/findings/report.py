@@ -11,7 +11,8 @@ from pathlib import Path
 from costmodels.errors import UserError
 from study.findings.figures import FIGURES, draw
 from study.findings.registry import (DIRECTION_ONLY, FULL, MAGNITUDE_TOLERANCE, NOT_REPRODUCED, NOT_RUN, QUICK,
-                                   REPRODUCED, UNTESTABLE, Outcome, Result, evaluate, load_claims)
+                                   REPRODUCED, UNTESTABLE, Outcome, PAPER_TITLES, why_text, SETUPS, Result, evaluate,
+                                   load_claims)
 
 
 def run_claims(scale, ids=None, quick_only=False, progress=None):
@@ -23,7 +24,11 @@ def run_claims(scale, ids=None, quick_only=False, progress=None):
             res = Result(claim, Outcome("see statement", "-", None, None, "full scale only: `servesim reproduce`"),
                          scale.name)
         else:
-            res = evaluate(claim, scale)
+            try:
+                res = evaluate(claim, scale)
+            except Exception as e:     # one broken check must not cost the other rows: it shows as not run
+                res = Result(claim, Outcome("see statement", "-", None, None,
+                                            f"check failed: {type(e).__name__}: {e}"), scale.name)
         if progress:
             progress(f"{cid:8s} {res.outcome.verdict:15s} {res.wall_s:6.1f}s  {res.outcome.ours}")
         results.append(res)
@@ -41,6 +46,11 @@ def tally(results) -> dict:
             "direction_only": sum(r.outcome.verdict == DIRECTION_ONLY for r in results),
             "not_reproduced": sum(r.outcome.verdict == NOT_REPRODUCED for r in results),
             "untestable": sum(r.outcome.verdict == UNTESTABLE for r in results)}
+
+
+def _with_why(claim, out) -> str:
+    w = why_text(claim, out)
+    return f"{out.note} Why: {w}".strip() if w else out.note
 
 
 def _cell(text) -> str:
@@ -77,24 +87,50 @@ def render_markdown(results, scale, figures: dict, fig_rel: str, made: str) -> s
         "that is the effect, the excess over 1x, at every N. Verdicts: "
         f"*{REPRODUCED}* (direction holds and the magnitude, where the paper gives one, is within tolerance), "
         f"*{DIRECTION_ONLY}*, *{NOT_REPRODUCED}* (direction fails), *{UNTESTABLE}* (the compared values tie within "
-        "2%, or every system is saturated at ≥ 98%: this setup cannot tell), *{NOT_RUN}* (a needed component is "
-        "missing). The notes quote the runs' own numbers.",
+        "2%, every system is saturated at ≥ 98%, or the 95% confidence interval over seeds spans zero: this setup "
+        f"cannot tell), *{NOT_RUN}* (a needed component is missing). Seed-paper claims (AS, BR, ES, AL) run on "
+        "several seeds: the notes give the effect's mean and 95% CI (Student t), and a direction holds only if the "
+        "CI excludes zero and the mean effect exceeds the 2% tie threshold. A rate is *sustained* only if the "
+        "system completes ≥ 95% of the offered load in steady state (between the 10% and 90% arrival quantiles) "
+        "and meets the paper's latency rule; sustainable rate, effective throughput and capacity all use this one "
+        "rule (study/findings/verdicts.py). Each row's `code` is the hash of the files its paper's claims depend "
+        "on; a test fails when it no longer matches. The notes quote the runs' own numbers.",
         "",
         f"**Summary:** {t['claims']} claims; {t['checked']} checked, {t['not_run']} not run. Direction reproduced in "
         f"**{t['direction_ok']}/{t['checked']}**; magnitude within ±50% in **{t['magnitude_ok']}/"
         f"{t['magnitude_checked']}** claims that state a number. {t['reproduced']} reproduced, "
         f"{t['direction_only']} direction only, {t['not_reproduced']} not reproduced, {t['untestable']} untestable "
         "here.",
-        "",
-        "| claim | § | statement | paper | ours | direction | magnitude | verdict | why / notes | figure |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    by_paper: dict = {}
     for r in results:
-        c, o = r.claim, r.outcome
-        fig = f"[{c.figure}]({fig_rel}/{c.figure}.png)" if c.figure in figures else ""
-        lines.append("| " + " | ".join(_cell(v) for v in (
-            c.id, c.section, c.statement, o.paper, o.ours, _mark(o.direction), _mark(o.magnitude),
-            o.verdict, o.note, fig)) + " |")
+        by_paper.setdefault(r.claim.paper, []).append(r)
+    for paper, rows in by_paper.items():
+        pt = tally(rows)
+        lines += ["", f"## {PAPER_TITLES.get(paper, paper)}", ""]
+        setup, header = SETUPS.get(paper, ([], None))
+        if header is not None:
+            try:
+                lines += [header(scale), ""]
+            except Exception as e:             # a header must never cost the report
+                lines += [f"(header not computed: {type(e).__name__}: {e})", ""]
+        if setup:
+            lines += ["| aspect | paper | ours |", "|---|---|---|"]
+            lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in setup]
+            lines += [""]
+        lines += [f"**{PAPER_TITLES.get(paper, paper)}:** {pt['claims']} claims; direction reproduced in "
+                  f"**{pt['direction_ok']}/{pt['checked']}** testable; magnitude within ±50% in "
+                  f"**{pt['magnitude_ok']}/{pt['magnitude_checked']}**; {pt['untestable']} untestable here, "
+                  f"{pt['not_run']} not run; {pt['not_reproduced']} not reproduced.", "",
+                  "| claim | § | statement | paper | ours | direction | magnitude | verdict | why / notes | figure "
+                  "| code |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            c, o = r.claim, r.outcome
+            fig = f"[{c.figure}]({fig_rel}/{c.figure}.png)" if c.figure in figures else ""
+            lines.append("| " + " | ".join(_cell(v) for v in (
+                c.id, c.section, c.statement, o.paper, o.ours, _mark(o.direction), _mark(o.magnitude),
+                o.verdict, _with_why(c, o), fig, r.stamp or "-")) + " |")
     if figures:
         lines += ["", "## Figures", ""]
         for name in sorted(figures):
@@ -136,7 +172,7 @@ def merge_rows(rows: dict, scale, fresh) -> list:
                 note, _, untestable = note.rpartition(" Untestable: ") if " Untestable: " in note else \
                     ("", "", note.removeprefix("Untestable: "))
             merged.append(Result(claim, Outcome(c["paper_value"], c["ours"], c["direction"], c["magnitude"],
-                                                note, untestable), scale.name))
+                                                note, untestable), scale.name, stamp=c.get("stamp", "")))
     return merged
 
 
@@ -183,7 +219,8 @@ def to_records(results, scale, made: str = "") -> dict:
             "claims": [{"id": r.claim.id, "paper": r.claim.paper, "section": r.claim.section,
                         "statement": r.claim.statement, "paper_value": r.outcome.paper, "ours": r.outcome.ours,
                         "direction": r.outcome.direction, "magnitude": r.outcome.magnitude,
-                        "verdict": r.outcome.verdict, "note": r.outcome.note} for r in results]}
+                        "verdict": r.outcome.verdict, "note": r.outcome.note, "why": why_text(r.claim, r.outcome),
+                        "stamp": r.stamp} for r in results]}
 
 
 QUICK_OUT = "out/reproduce-quick"      # the CI-sized report goes to scratch; docs/ holds the full-scale one

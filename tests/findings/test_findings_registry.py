@@ -75,5 +75,6 @@ def test_why_notes_carry_no_typed_in_numbers():
     registered why may contain a digit that could go stale."""
     import re
     from study.findings.registry import load_claims
-    stale = {cid: c.why for cid, c in load_claims().items() if re.search(r"\d", c.why or "")}
+    names = re.compile(r"\b([A-Z]{2}-[A-Z0-9.]+|INT8|FP16)\b")     # claim ids and format names are not figures
+    stale = {cid: c.why for cid, c in load_claims().items() if re.search(r"\d", names.sub("", c.why or ""))}
     assert not stale, stale

@@ -48,3 +48,24 @@ def test_bros_checkpoints_blocks_under_memory_pressure():
     s = run_scenario(load_scenario("examples/bros-rt-be.yaml", ["memory.M=6000", "workload.rt_rate=3",
                                                                  "workload.rt_requests=120"])).summary
     assert s["kv_checkpointed_slots"] > 0 and s["kv_restored_slots"] > 0
+
+
+def test_bros_time_bound_path_fires_in_the_papers_regime():
+    """Issue #28: in the regime the BROS claims run in (the BE backlog fills the KV cache, M = REGIME_M) the
+    time-bound path of Algorithm 1 cuts iterations short, and RR misses TTFT most of the time."""
+    from study.findings.bros import REGIME_M
+    ov = [f"memory.M={REGIME_M}", "workload.rt_rate=3", "workload.rt_requests=80"]
+    s = run_scenario(load_scenario("examples/bros-rt-be.yaml", ov)).summary
+    assert s["policy_time_bound_iters"] > 0
+    from study.findings.aptbros import bros_run
+    assert bros_run("bros-rr", ov)["rt_ttft_attainment"] < 0.8
+
+
+def test_econoserve_groups_form_at_the_headline_scenario():
+    """Same-RL groups: on Alpaca at vLLM's knee EconoServe admits groups of several GTs on average, and under
+    ShareGPT overload the queue holds same-RL groups of >= 4 (Fig. 2's measure) a good share of the time."""
+    from study.findings.length_aware import run
+    a = run(econo_scenario("alpaca", "econoserve", econo_knee("alpaca", 600), 600))["policy_stats"]
+    assert a["group_size_mean"] > 2 and a["group_size_ge4"] > 0.1
+    g = run(econo_scenario("sharegpt", "econoserve", 2 * econo_knee("sharegpt", 600), 600))["policy_stats"]
+    assert g["queue_group_ge4"] > 0.2 and g["groups"] > 0

@@ -1,3 +1,4 @@
+import pytest
 """`servesim reproduce`: the command writes the Markdown table and the figures it links."""
 import json
 import re
@@ -23,6 +24,7 @@ def test_reproduce_quick_subset_writes_table_and_figures(tmp_path):
     assert [c["verdict"] for c in data["claims"]] == ["reproduced"] * 4
 
 
+@pytest.mark.slow          # every seed-paper claim runs on 3 seeds since issue #28
 def test_reproduce_quick_whole_report(tmp_path):
     """`servesim reproduce --quick` end to end. Cheap after test_infermax_findings in the same session: the runs
     are memoised per process, so only the full-only claims and the figures add simulations."""
