@@ -166,7 +166,7 @@ def evaluate(claim: Claim, scale: Scale) -> Result:
         out = Outcome("see statement", "-", None, None, f"needs `{missing}`, which is not available in this build")
     else:
         out = claim.check(scale)
-    from study.findings.verdicts import row_stamp
+    from study.findings.stamps import row_stamp
     return Result(claim, out, scale.name, time.perf_counter() - t0, row_stamp(claim.paper))
 
 

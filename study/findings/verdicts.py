@@ -3,7 +3,6 @@ if the system serves what is offered *and* meets the paper's latency rule), effe
 confidence interval, and the stamp that ties a report row to the source files it was computed from."""
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -136,41 +135,6 @@ def combine(effects) -> tuple:
     if all(e.verdict == HOLDS for e in effects):
         return True, ""
     return True, next(e.reason for e in effects if e.verdict == UNTESTABLE)
-
-
-# ---- row stamps ----------------------------------------------------------------------------------------------
-# The files each paper's rows depend on: its policies, the cost model, its claim module and setups. A row's stamp
-# is the hash of these files when it was computed; tests/findings/test_verdicts.py fails on a stale row.
-COMMON = ("costmodels/*.py", "study/findings/registry.py", "study/findings/verdicts.py", "study/findings/runs.py",
-          "policies/base.py", "policies/unified.py", "policies/vllm.py")
-DEPENDS = {
-    "infermax": ("study/findings/infermax.py", "study/findings/toy.py", "solver/*.py"),
-    "aptserve": ("study/findings/aptserve.py", "study/findings/aptbros.py", "policies/aptserve*.py",
-                 "policies/vllm*.py", "examples/aptserve-sharegpt.yaml"),
-    "bros": ("study/findings/bros.py", "study/findings/aptbros.py", "policies/bros*.py",
-             "examples/bros-rt-be.yaml"),
-    "econoserve": ("study/findings/econoserve.py", "study/findings/length_aware.py", "policies/econoserve*.py",
-                   "policies/length_aware.py"),
-    "alise": ("study/findings/alise.py", "study/findings/length_aware.py", "policies/alise*.py",
-              "policies/length_aware.py"),
-}
-
-
-def stamp_files(paper: str) -> list:
-    pats = COMMON + DEPENDS.get(paper, ())
-    files = set()
-    for p in pats:
-        files.update(f for f in REPO_ROOT.glob(p) if f.is_file())
-    return sorted(files)
-
-
-def row_stamp(paper: str) -> str:
-    """Hash of the files a paper's rows depend on (code version of a report row)."""
-    h = hashlib.sha256()
-    for f in stamp_files(paper):
-        h.update(str(f.relative_to(REPO_ROOT)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:12]
 
 
 # ---- claim helpers -------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import pytest
 
 from costmodels.errors import UserError
 from sim.paths import REPO_ROOT
-from study.findings.verdicts import (HOLDS, OPPOSITE, UNTESTABLE, combine, row_stamp, seed_effect, served_ratio,
+from study.findings.stamps import code_of, row_stamp
+from study.findings.verdicts import (HOLDS, OPPOSITE, UNTESTABLE, combine, seed_effect, served_ratio,
                                      sustainable_rate, sustained)
 
 
@@ -70,3 +71,17 @@ def test_row_stamps_of_the_committed_report_match_the_code():
     doc = json.loads((REPO_ROOT / "docs" / "reproduction.json").read_text())
     stale = [c["id"] for c in doc["claims"] if c.get("stamp") != row_stamp(c["paper"])]
     assert not stale, f"stale rows (regenerate with servesim reproduce --update --claims ...): {stale}"
+
+
+def test_a_stamp_ignores_prose_but_not_code(tmp_path):
+    """Docstrings, comments and YAML comments leave a row current; a changed statement or value does not."""
+    a, b, c = (tmp_path / f"{k}.py" for k in "abc")
+    a.write_text('"""Doc."""\ndef f(x):\n    """Twice."""\n    return x + 1  # why\n')
+    b.write_text('"""Other doc."""\n# a comment\ndef f(x):\n    """Other."""\n    return x + 1\n')
+    c.write_text('"""Doc."""\ndef f(x):\n    return x + 2\n')
+    assert code_of(a) == code_of(b) != code_of(c)
+    y1, y2, y3 = (tmp_path / f"{k}.yaml" for k in "xyz")
+    y1.write_text("# header\nrate: 2  # req/s\n")
+    y2.write_text("rate: 2\n")
+    y3.write_text("rate: 3\n")
+    assert code_of(y1) == code_of(y2) != code_of(y3)
