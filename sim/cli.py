@@ -5,6 +5,7 @@ import argparse
 import importlib
 import math
 import sys
+import textwrap
 
 from costmodels.errors import UserError
 from sim.scenario.extensions import load_extensions
@@ -86,9 +87,46 @@ def cmd_run(args) -> int:
 
 def cmd_policies(args) -> int:
     from policies import POLICIES
+    from policies.knobs import families, knob_rows
+    from policies.vllm_names import SECTION_ALIASES, policy_knob_alias
+    if args.knobs:
+        return _print_knobs(args.knobs)
     w = max(len(n) for n in POLICIES)
     for name, (_, _, summary) in sorted(POLICIES.items()):
         print(f"{name:<{w}}  {summary}")
+    print("\nknobs of each family, vLLM's name in brackets (servesim policies --knobs NAME: defaults and meanings):")
+    for cls, names in families():
+        alias = policy_knob_alias(cls)
+        knobs = [r["knob"] + (f" [{alias[r['knob']]}]" if r["knob"] in alias and alias[r["knob"]] != r["knob"]
+                              else "") for r in knob_rows(names[0])]
+        print(textwrap.fill(f"{cls.__name__} ({', '.join(names)}): {', '.join(knobs) or 'none'}", width=118,
+                            initial_indent="  ", subsequent_indent="      "))
+    _print_section_aliases(SECTION_ALIASES)
+    return 0
+
+
+def _print_section_aliases(aliases) -> None:
+    print(textwrap.fill("vLLM's names of scenario fields (in their section or at the top level): "
+                        + ", ".join(f"{a} -> {s}.{f}" for a, (s, f) in aliases.items()), width=118,
+                        subsequent_indent="  "))
+
+
+def _print_knobs(name: str) -> int:
+    """One policy's knobs: name, vLLM's name, default (the preset's value), meaning."""
+    from policies import POLICIES
+    from policies.knobs import knob_rows
+    from policies.vllm_names import SECTION_ALIASES
+    rows = knob_rows(name)
+    print(f"{name}: {POLICIES[name][2]}")
+    table = [("knob", "vLLM name", "default", "meaning")]
+    table += [(r["knob"], r["vllm_name"] or "-", repr(r["default"]) if isinstance(r["default"], str) else
+               str(r["default"]), r["meaning"] or "-") for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(3)]
+    for t in table:
+        print("  " + "  ".join(f"{t[i]:<{widths[i]}}" for i in range(3)) + "  " + t[3])
+    print("set a knob as policy.KNOB (scenario YAML, --set, sweep grids); its vLLM name works there and at the top "
+          "level")
+    _print_section_aliases(SECTION_ALIASES)
     return 0
 
 
@@ -104,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar of completed requests with ETA (default: on when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
-    pl = sub.add_parser("policies", help="list the named policies, one line each")
+    pl = sub.add_parser("policies", help="list the named policies, one line each, and each family's knobs")
+    pl.add_argument("--knobs", metavar="NAME", help="one policy's knobs: name, vLLM's name, default, meaning")
     pl.set_defaults(func=cmd_policies)
     for mod in PLUGINS:
         importlib.import_module(mod).register(sub)
