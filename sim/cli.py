@@ -37,7 +37,8 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
                 "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
                 "replicas", "gpus", "gpu_seconds", "goodput_rps_per_gpu", "load_imbalance", "kv_transfer_s_mean",
-                "kv_transfer_share", "handoff_wait_s_mean", "wall_s")
+                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "costmodel_kind", "costmodel_file",
+                "overheads", "kv_capacity_tokens", "wall_s")
 
 
 def print_summary(summary: dict, title: str = "", file=None) -> None:
@@ -53,7 +54,7 @@ def print_summary(summary: dict, title: str = "", file=None) -> None:
             text = "no SLO set" if isinstance(v, float) and math.isnan(v) else _fmt(v)
         else:
             text = _fmt(v)
-        u = unit(k)
+        u = "" if isinstance(v, str) else unit(k)       # a name or a path carries no unit
         print(f"  {k:<{w}}  {text:<10}" + (f" {u}" if u and text not in ("-", "no SLO set") else ""), file=file)
     print("  (column meanings: README, 'Run summary glossary')", file=file)
 
@@ -66,7 +67,9 @@ def cmd_run(args) -> int:
         from sim.paths import output_dir
         output_dir(args.out, create=False)
     from study.progress import attach_run_progress
+    from sim.scenario.basis import run_basis
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
+    res.summary.update(run_basis(_replica_scenarios(scn), res.capacity_tokens))   # what the figures rest on
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]
         why = "; ".join(f"{n} x {reason}" for reason, n in res.meta["infeasible_reasons"].items())
@@ -83,6 +86,14 @@ def cmd_run(args) -> int:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
+
+
+def _replica_scenarios(scn) -> list:
+    """The scenario each group of replicas runs (the scenario itself without a cluster section)."""
+    if not scn.cluster:
+        return [scn]
+    from sim.cluster.cluster import parse_cluster, replica_scenario
+    return [replica_scenario(scn, over) for _, _, over in parse_cluster(scn.cluster).groups]
 
 
 def cmd_policies(args) -> int:

@@ -42,6 +42,11 @@ GLOSSARY = {
     "kv_transfer_share": ("fraction", "disaggregated: KV transfer time over end-to-end latency, summed"),
     "handoff_wait_s_mean": ("s", "disaggregated: time a finished prefill waited for KV room on a decode replica"),
     "prefix_hit_rate": ("fraction", "prompt blocks found in the prefix cache at admissions (GPU or CPU tier)"),
+    "costmodel_kind": ("name", "the batch-time model the run used (linear, roofline, profiled; '(auto)': the "
+                               "default kind chose it for the GPU and model)"),
+    "costmodel_file": ("path", "the fitted file its coefficients came from (profiles/...), or built-in"),
+    "overheads": ("name", "the CPU/front-end overheads preset charged (profiles/overheads.yaml), custom, or none"),
+    "kv_capacity_tokens": ("tokens", "KV capacity M the run had (a cluster: summed over its replicas)"),
     "wall_s": ("s", "host time the simulation took (not simulated time)"),
 }
 
