@@ -66,6 +66,9 @@ def cmd_run(args) -> int:
     if args.out:                    # a bad place to write fails now, not after the run
         from sim.paths import output_dir
         output_dir(args.out, create=False)
+    if args.trace_out:
+        from sim.paths import output_file
+        output_file(args.trace_out, "--trace-out")
     from study.progress import attach_run_progress
     from sim.scenario.basis import run_basis
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
@@ -85,6 +88,11 @@ def cmd_run(args) -> int:
     if args.out:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")
+    if args.trace_out:
+        from study.trace_export import write_trace
+        n = write_trace(res, args.trace_out)
+        note = "" if len(res.iterations) else " (no iterations: sim.record_iterations is off)"
+        print(f"wrote {args.trace_out}: {n} trace events{note}; open it in https://ui.perfetto.dev")
     return 0
 
 
@@ -150,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any scenario field, e.g. --set policy.name=sarathi --set memory.M=100000")
     r.add_argument("--out", help="directory for requests/iterations/summary tables")
     r.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    r.add_argument("--trace-out", metavar="FILE.json",
+                   help="also write a Chrome/Perfetto trace: iterations, requests and KV use per replica")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar of completed requests with ETA (default: on when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
