@@ -56,7 +56,7 @@ def print_summary(summary: dict, title: str = "", file=None) -> None:
             text = _fmt(v)
         u = "" if isinstance(v, str) else unit(k)       # a name or a path carries no unit
         print(f"  {k:<{w}}  {text:<10}" + (f" {u}" if u and text not in ("-", "no SLO set") else ""), file=file)
-    print("  (column meanings: README, 'Run summary glossary')", file=file)
+    print("  (column meanings: docs/reference/glossary.md)", file=file)
 
 
 def cmd_run(args) -> int:
