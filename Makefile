@@ -15,9 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/servesim run examples/infermax-default.yaml --out out/demo
 	@echo
-	@echo "next: source .venv/bin/activate   (puts servesim on your PATH; README, 'Next steps after make demo')"
+	@echo "next: source .venv/bin/activate   (puts servesim on your PATH; then docs/guide/getting-started.md)"
 
+# Serial on purpose: on a 2-core machine pytest-xdist's `-n 2` was slower (624 s against 452 s serial, the cores shared
+# with other work; 402 s serial in a quieter moment) and a CPU-timing test failed under it. The dots are pytest's
+# progress, one per test.
 test: $(STAMP)
+	@echo "make test: about 780 tests, about 7 minutes on 2 cores (400-450 s measured); one dot per passing test"
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
