@@ -95,6 +95,8 @@ class Overheads:
             raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: preset, "
                             f"{', '.join(OVERHEAD_KEYS)}")
         base.update(spec)
+        if "preset" in prov and spec:
+            prov["overridden"] = sorted(spec)       # the summary names the preset and what was changed in it
         for k, v in base.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < 10):
                 raise UserError(f"{where}.{k}: must be a number of seconds in [0, 10), got {v!r}")
@@ -115,6 +117,7 @@ class CostModel:
     `fit(...)` where it applies, and `batch_time(shape)` as the prediction."""
 
     kind = "base"
+    source = "built-in"            # the fitted file the predictions rest on (set by the builders), or built-in
     # Fractions of peak that the memory-side kernels reach. Hidden-cache K/V rebuild is a GEMM at about 200 of
     # 312 TFLOP/s on an A100 (Apt-Serve spec §2.3); INT8 dequantization is a streaming read/write (round figure).
     recompute_compute_eff = 0.64
@@ -161,6 +164,19 @@ class CostModel:
         over = f"; overheads {o.provenance.get('preset', 'custom')}" if o is not None and (
             o.step_s or o.per_seq_s or o.frontend_s or o.frontend_per_token_s) else ""
         return f"{what} ({pair}){over}"
+
+    def basis(self) -> dict:
+        """What this model's times rest on, for the run summary: its kind, the file its coefficients came from
+        ('built-in' when they are the code's own) and the overheads preset ('none' when it charges none)."""
+        o = self.overheads
+        charged = o.step_s or o.per_seq_s or o.frontend_s or o.frontend_per_token_s or o.frontend_steps
+        preset = o.provenance.get("preset")
+        if preset:
+            over = preset + (f" with {', '.join(o.provenance['overridden'])} set" if o.provenance.get("overridden")
+                             else "")
+        else:
+            over = "custom" if charged else "none"
+        return {"costmodel_kind": self.kind, "costmodel_file": self.source, "overheads": over}
 
     def compute_time(self, shape: BatchShape) -> float:  # pragma: no cover - interface
         raise NotImplementedError
@@ -246,6 +262,17 @@ def register_costmodel(kind: str):
         COSTMODELS[kind] = builder
         return builder
     return deco
+
+
+def shown_path(path) -> str:
+    """A file as the summary names it: relative to the repository when it lies inside, else as given."""
+    from pathlib import Path
+    p = Path(path).resolve()
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(p.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def build_costmodel(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel") -> CostModel:

@@ -201,13 +201,17 @@ def _build_linear(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel")
               model=model, gpu=gpu, tp=tp, overheads=spec.get("overheads"))
     layers = model.layers if model is not None else 32
     if spec.get("coefficients"):
-        return _with_kv_dtype(LinearCostModel(spec["coefficients"], layers=layers, **kw), spec.get("kv_dtype"))
+        lm = LinearCostModel(spec["coefficients"], layers=layers, **kw)
+        lm.source = "scenario (costmodel.coefficients)"
+        return _with_kv_dtype(lm, spec.get("kv_dtype"))
     path = spec.get("path") or default_profile_path(gpu.name if gpu else "a100-80gb",
                                                     model.name if model else "llama-2-7b")
     if not Path(path).exists():
         raise UserError(f"{where}.path: no fitted linear profile at {path}; fit one with `servesim calibrate` "
                         f"or give costmodel.coefficients")
     lm = LinearCostModel.load(path, layers=layers, **kw)
+    from costmodels.base import shown_path
+    lm.source = shown_path(path)
     return _with_kv_dtype(lm, spec.get("kv_dtype"))
 
 

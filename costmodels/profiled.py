@@ -175,6 +175,9 @@ def _build_profiled(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel
     if not Path(path).exists():
         raise UserError(f"{where}.path: no fitted profiled model at {path}; fit one with "
                         f"`servesim calibrate PROFILE --kind profiled -o {path}` or use kind roofline")
-    return ProfiledCostModel.load(path, model, gpu, tp=tp, kv_dtype=spec.get("kv_dtype"),
-                                  overheads=spec.get("overheads"), allreduce=spec.get("allreduce", "auto"),
-                                  params=spec.get("params"))
+    from costmodels.base import shown_path
+    cm = ProfiledCostModel.load(path, model, gpu, tp=tp, kv_dtype=spec.get("kv_dtype"),
+                                overheads=spec.get("overheads"), allreduce=spec.get("allreduce", "auto"),
+                                params=spec.get("params"))
+    cm.source = shown_path(path) + (" + costmodel.params" if spec.get("params") else "")
+    return cm

@@ -414,6 +414,14 @@ def _build_roofline(spec: dict, model, gpu, tp: int = 1, where: str = "costmodel
     if not isinstance(given, dict):
         raise UserError(f"{where}.params: expected a mapping of parameter: value")
     params.update(given)
-    return RooflineCostModel(model, gpu, tp=tp, params=params, kv_dtype=spec.get("kv_dtype"),
-                             allreduce=spec.get("allreduce", "auto"), expert_parallel=spec.get("expert_parallel", False),
-                             overheads=spec.get("overheads"))
+    cm = RooflineCostModel(model, gpu, tp=tp, params=params, kv_dtype=spec.get("kv_dtype"),
+                           allreduce=spec.get("allreduce", "auto"), expert_parallel=spec.get("expert_parallel", False),
+                           overheads=spec.get("overheads"))
+    from costmodels.base import shown_path
+    if spec.get("path"):
+        cm.source = shown_path(resolve_profile_path(spec["path"]))
+    elif load_efficiencies(gpu.family)[0]:      # the GPU family's fitted efficiencies (else the code's defaults)
+        cm.source = shown_path(EFFICIENCY_PATH)
+    if given:
+        cm.source += " + costmodel.params"
+    return cm

@@ -52,7 +52,7 @@ class Alise(Policy):
         memory_policy: str = "swap"         # swap (ALISE) | defer | recompute (the paper's strawmen)
         queues: int = 8                     # h priority levels, geometric in estimated remaining time
         q0_steps: int = 32                  # top-queue threshold: this many decode steps of a short prompt
-        queue_ratio: float = 2.0
+        queue_ratio: float = 2.0            # each level holds this many times the remaining time of the one above
         aging_s: float = 10.0               # K: a job waiting this long is promoted to the top queue (0 = off)
         overrun_mult: float = 2.0           # predicted length multiplier when a job runs past it
         max_batch: int = 256                # requests per iteration ("as large as memory allows")

@@ -50,14 +50,14 @@ class AptServe(Policy):
         scheduling: str = "adaptive"     # adaptive (the knapsack) | fcfs (arrival order, hidden only when KV fails)
         cache: str = "hybrid"            # hybrid | kv_only
         base: str = "vllm"               # vllm: prefill or decode iterations | sarathi: mixed, chunked (Apt-Serve-S)
-        ttft_slo_s: float = 1.0          # Table 3, ShareGPT on OPT-13B
-        tbt_slo_s: float = 1.0
+        ttft_slo_s: float = 1.0          # TTFT target (s) the scheduler values requests by (Table 3, ShareGPT, OPT-13B)
+        tbt_slo_s: float = 1.0           # time-between-tokens target (s), likewise
         fallback: str = "near_zero"      # value of requests already past SLO: near_zero | decay | off
         decay: float = 0.4               # Apt-Serve* (§6.6): g ← decay·p for violated requests
         rho_scale: float = 1.0           # scheduler's ρ / true restore cost (reference code ≈ 0.3)
         n_excludes_violated: bool = False  # reference code: N = |W|+|R| − #violated
-        max_num_seqs: int = 256          # vLLM 0.5 defaults the reference code inherits
-        max_batched_tokens: int = 2048
+        max_num_seqs: int = 256          # running requests at most (vLLM 0.5's default, as the reference code)
+        max_batched_tokens: int = 2048   # tokens per iteration at most (vLLM 0.5's default)
         chunk_tokens: int = 512          # Sarathi base: token budget per mixed iteration
         keep_running_type: bool = True   # a running request keeps its cache type unless violated (switching costs a
                                          # full recompute; spec §8.9). False: re-decide every decode iteration as the

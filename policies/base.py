@@ -51,11 +51,12 @@ class Policy:
 
     @classmethod
     def make_config(cls, knobs: dict, where: str = "policy", name: str | None = None):
+        from policies.vllm_names import policy_hint
         fields = {f.name for f in dataclasses.fields(cls.Config)}
         bad = sorted(set(knobs) - fields)
         if bad:
             raise UserError(f"{where}: unknown knob(s) {', '.join(bad)} for policy {(name or cls.name)!r}; "
-                            f"allowed: {', '.join(sorted(fields))}")
+                            f"allowed: {', '.join(sorted(fields))}{policy_hint(cls, name or cls.name)}")
         cfg = cls.Config(**knobs)
         if hasattr(cfg, "validate"):
             cfg.validate(where)
@@ -141,7 +142,9 @@ def build_policy(spec: dict, where: str = "policy") -> Policy:
     if name not in POLICIES:
         raise UserError(f"{where}.name: unknown policy {name!r}; allowed: {', '.join(sorted(POLICIES))}")
     cls, preset, _ = POLICIES[name]
-    knobs = {**preset, **spec}
+    # vLLM's names become this family's knobs before the preset's values are merged under them
+    from policies.vllm_names import translate_policy
+    knobs = {**preset, **translate_policy(spec, cls, where, name)}
     pol = cls(config=cls.make_config(knobs, where, name))
     pol.name = name
     return pol

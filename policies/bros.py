@@ -67,8 +67,8 @@ class Bros(Policy):
 
     @dataclass
     class Config:
-        rt_ttft_slo_s: float = 0.4
-        rt_tpot_slo_s: float = 0.2
+        rt_ttft_slo_s: float = 0.4      # real-time requests' TTFT target (s), what least-slack packing protects
+        rt_tpot_slo_s: float = 0.2      # real-time requests' time-per-output-token target (s)
         b_base: int = 128               # adaptive batch size: start, reset value
         b_max: int = 4096               # cap on doubling (the paper has none; memory bounds it in practice)
         bidirectional: bool = True      # off: one owner per block, RT short of memory recomputes BE (ablation)
@@ -240,8 +240,8 @@ class RoundRobin(Policy):
 
     @dataclass
     class Config:
-        max_batch: int = 256
-        max_batched_tokens: int = 4096
+        max_batch: int = 256            # requests per iteration
+        max_batched_tokens: int = 4096  # tokens per iteration
 
     def __init__(self, config=None, **knobs):
         super().__init__(config, **knobs)

@@ -64,7 +64,7 @@ class EconoServe(Policy):
         pipe_buffer_frac: float = 0.15      # b: hosted GT's predicted RL ≤ region − b (15/15/10 %)
         pipe_buffer_base: str = "level"     # b relative to the level's region ('level') or the host's RL ('host')
         pipe_hosted_count: str = "figure"   # hosted GTs per host at level k: 2^(k-1) ('figure') or 2^k ('text')
-        pipe_max_depth: int = 4
+        pipe_max_depth: int = 4             # levels of KV pipelining (halves of a host's allocation) tried at most
         gt_queue_cap_frac: float = 0.25     # new PTs wait while queued GTs + partial PTs hold this share of M
         rl_group_granularity: int = 32      # GTs whose padded predicted RL round to the same multiple form a group
         slo_scale: float = 2.0              # JCT SLO = slo_scale · (t_p + t_g · predicted RL) for ordering
@@ -72,12 +72,12 @@ class EconoServe(Policy):
                                             # deadline) or on the fixed SLO length ('static', the old reading)
         deadline_edges_s: tuple = (0.2, 0.5, 2.0)   # the paper's deadline ranges (variant econoserve-wide-deadlines:
                                                     # three more edges, for SLOs of many seconds)
-        len_bucket: int = 128
-        occ_bucket: int = 128
+        len_bucket: int = 128               # ordering: predicted lengths compared in buckets of this many tokens
+        occ_bucket: int = 128               # ordering: occupied KV compared in buckets of this many tokens
         repredict: str = "noisy_remaining"  # L_new after a stop: predictor noise on the true remaining length | padding
-        repredict_mu: float = -0.191        # log-normal noise of the re-prediction (ShareGPT calibration)
-        repredict_sigma: float = 0.218
-        seed: int = 0
+        repredict_mu: float = -0.191        # log-normal noise of the re-prediction: mu (ShareGPT calibration)
+        repredict_sigma: float = 0.218      # and sigma
+        seed: int = 0                       # seed of the re-prediction noise
 
         def validate(self, where="policy"):
             if self.pipe_buffer_base not in ("level", "host"):

@@ -59,10 +59,10 @@ class UnifiedScheduler(Policy):
         rank_key: str = "arrival"           # ranked order: ascending arrival | initial input | output | predicted output
         hybrid: bool = False                # prefill and decode requests in the same batch
         chunked: bool = False               # split prompts to the remaining prefill budget
-        C: int = 4096                       # max tokens per batch (0 = unlimited)
-        P: int = 4096                       # max prefill tokens per batch (0 = unlimited)
+        C: int = 4096                       # max tokens per batch (0 = unlimited, -1 = vLLM v1's for the GPU)
+        P: int = 4096                       # max prefill tokens per batch (0 = unlimited, -1 = C)
         p_counts_decode_tokens: bool = True  # spec A3: prefill budget is P − all tokens already in the batch
-        R_max: int = 0                      # max running size (requests holding KV); 0 = unlimited (spec A2)
+        R_max: int = 0                      # max running size (requests holding KV); 0 = unlimited (spec A2), -1 = v1's
         reservation: str = "prompt"         # KV reserved at admission: see RESERVATIONS; 'full' = eviction-free I+O−1
         reservation_padding: float = 0.0    # extra fraction on a predicted length ('predicted' reservation)
         max_model_len: int = 4096           # reservation size for 'max_model_len' (Orca, FasterTransformer)

@@ -34,10 +34,10 @@ _RUNNING, _SWAPPED, _WAITING = "running", "swapped", "waiting"
 
 @dataclass
 class V0Config:
-    max_num_seqs: int = 256
+    max_num_seqs: int = 256              # running requests at most
     max_num_batched_tokens: int = 0      # 0: v0's rule (max(max_model_len, 2048); 512 with chunked prefill)
     max_model_len: int = 0               # 0: the served model's context length (vLLM derives it from the model)
-    enable_chunked_prefill: bool = False
+    enable_chunked_prefill: bool = False  # decode-first steps with prompts chunked to the budget
     preemption_mode: str = "recompute"   # v0 recomputes single-sequence requests; "swap" forces swapping out
     watermark: float = 0.01              # the block manager's admission watermark (memory.watermark: null uses it)
     prefix_caching: bool = False         # enable_prefix_caching (off by default in v0)

@@ -5,6 +5,7 @@ import argparse
 import importlib
 import math
 import sys
+import textwrap
 
 from costmodels.errors import UserError
 from sim.scenario.extensions import load_extensions
@@ -36,7 +37,8 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
                 "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
                 "replicas", "gpus", "gpu_seconds", "goodput_rps_per_gpu", "load_imbalance", "kv_transfer_s_mean",
-                "kv_transfer_share", "handoff_wait_s_mean", "wall_s")
+                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "costmodel_kind", "costmodel_file",
+                "overheads", "kv_capacity_tokens", "wall_s")
 
 
 def print_summary(summary: dict, title: str = "", file=None) -> None:
@@ -52,9 +54,9 @@ def print_summary(summary: dict, title: str = "", file=None) -> None:
             text = "no SLO set" if isinstance(v, float) and math.isnan(v) else _fmt(v)
         else:
             text = _fmt(v)
-        u = unit(k)
+        u = "" if isinstance(v, str) else unit(k)       # a name or a path carries no unit
         print(f"  {k:<{w}}  {text:<10}" + (f" {u}" if u and text not in ("-", "no SLO set") else ""), file=file)
-    print("  (column meanings: README, 'Run summary glossary')", file=file)
+    print("  (column meanings: docs/reference/glossary.md)", file=file)
 
 
 def cmd_run(args) -> int:
@@ -64,8 +66,13 @@ def cmd_run(args) -> int:
     if args.out:                    # a bad place to write fails now, not after the run
         from sim.paths import output_dir
         output_dir(args.out, create=False)
+    if args.trace_out:
+        from sim.paths import output_file
+        output_file(args.trace_out, "--trace-out")
     from study.progress import attach_run_progress
+    from sim.scenario.basis import run_basis
     res = run_scenario(scn, observe=lambda sim: attach_run_progress(sim, enabled=args.progress))
+    res.summary.update(run_basis(_replica_scenarios(scn), res.capacity_tokens))   # what the figures rest on
     if res.meta["infeasible_ids"]:
         ids = res.meta["infeasible_ids"]
         why = "; ".join(f"{n} x {reason}" for reason, n in res.meta["infeasible_reasons"].items())
@@ -81,14 +88,64 @@ def cmd_run(args) -> int:
     if args.out:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")
+    if args.trace_out:
+        from study.trace_export import write_trace
+        n = write_trace(res, args.trace_out)
+        note = "" if len(res.iterations) else " (no iterations: sim.record_iterations is off)"
+        print(f"wrote {args.trace_out}: {n} trace events{note}; open it in https://ui.perfetto.dev")
     return 0
+
+
+def _replica_scenarios(scn) -> list:
+    """The scenario each group of replicas runs (the scenario itself without a cluster section)."""
+    if not scn.cluster:
+        return [scn]
+    from sim.cluster.cluster import parse_cluster, replica_scenario
+    return [replica_scenario(scn, over) for _, _, over in parse_cluster(scn.cluster).groups]
 
 
 def cmd_policies(args) -> int:
     from policies import POLICIES
+    from policies.knobs import families, knob_rows
+    from policies.vllm_names import SECTION_ALIASES, policy_knob_alias
+    if args.knobs:
+        return _print_knobs(args.knobs)
     w = max(len(n) for n in POLICIES)
     for name, (_, _, summary) in sorted(POLICIES.items()):
         print(f"{name:<{w}}  {summary}")
+    print("\nknobs of each family, vLLM's name in brackets (servesim policies --knobs NAME: defaults and meanings):")
+    for cls, names in families():
+        alias = policy_knob_alias(cls)
+        knobs = [r["knob"] + (f" [{alias[r['knob']]}]" if r["knob"] in alias and alias[r["knob"]] != r["knob"]
+                              else "") for r in knob_rows(names[0])]
+        print(textwrap.fill(f"{cls.__name__} ({', '.join(names)}): {', '.join(knobs) or 'none'}", width=118,
+                            initial_indent="  ", subsequent_indent="      "))
+    _print_section_aliases(SECTION_ALIASES)
+    return 0
+
+
+def _print_section_aliases(aliases) -> None:
+    print(textwrap.fill("vLLM's names of scenario fields (in their section or at the top level): "
+                        + ", ".join(f"{a} -> {s}.{f}" for a, (s, f) in aliases.items()), width=118,
+                        subsequent_indent="  "))
+
+
+def _print_knobs(name: str) -> int:
+    """One policy's knobs: name, vLLM's name, default (the preset's value), meaning."""
+    from policies import POLICIES
+    from policies.knobs import knob_rows
+    from policies.vllm_names import SECTION_ALIASES
+    rows = knob_rows(name)
+    print(f"{name}: {POLICIES[name][2]}")
+    table = [("knob", "vLLM name", "default", "meaning")]
+    table += [(r["knob"], r["vllm_name"] or "-", repr(r["default"]) if isinstance(r["default"], str) else
+               str(r["default"]), r["meaning"] or "-") for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(3)]
+    for t in table:
+        print("  " + "  ".join(f"{t[i]:<{widths[i]}}" for i in range(3)) + "  " + t[3])
+    print("set a knob as policy.KNOB (scenario YAML, --set, sweep grids); its vLLM name works there and at the top "
+          "level")
+    _print_section_aliases(SECTION_ALIASES)
     return 0
 
 
@@ -101,10 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any scenario field, e.g. --set policy.name=sarathi --set memory.M=100000")
     r.add_argument("--out", help="directory for requests/iterations/summary tables")
     r.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    r.add_argument("--trace-out", metavar="FILE.json",
+                   help="also write a Chrome/Perfetto trace: iterations, requests and KV use per replica")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar of completed requests with ETA (default: on when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
-    pl = sub.add_parser("policies", help="list the named policies, one line each")
+    pl = sub.add_parser("policies", help="list the named policies, one line each, and each family's knobs")
+    pl.add_argument("--knobs", metavar="NAME", help="one policy's knobs: name, vLLM's name, default, meaning")
     pl.set_defaults(func=cmd_policies)
     for mod in PLUGINS:
         importlib.import_module(mod).register(sub)

@@ -19,6 +19,7 @@ import yaml
 
 from costmodels.errors import UserError
 from sim.scenario.config import apply_overrides, read_yaml_mapping, scenario_from_dict
+from sim.scenario.config import set_field as scenario_set_field
 from study.executors import run_tasks
 
 # Leading columns of a results table; the axes and the run metrics follow.
@@ -81,16 +82,14 @@ def parse_grid_arg(text: str) -> Axis:
 
 
 def set_field(raw: dict, key: str, value, where: str) -> None:
-    """Set a dotted field in a raw scenario mapping, creating sections on the way (like `--set`)."""
-    path = key.split(".")
-    node = raw
-    for p in path[:-1]:
-        if node.get(p) is None:
-            node[p] = {}
-        if not isinstance(node[p], dict):
-            raise UserError(f"{where}: {p!r} in {key!r} is not a section")
-        node = node[p]
-    node[path[-1]] = copy.deepcopy(value)
+    """Set a dotted field in a raw scenario mapping, creating sections on the way, exactly as `--set` does (vLLM's
+    names included: a grid over policy.max_num_seqs replaces the base's R_max)."""
+    from sim.scenario.config import lift_aliases
+    lifted = lift_aliases(raw)
+    if lifted is not raw:                       # top-level vLLM names moved into their sections
+        raw.clear()
+        raw.update(lifted)
+    scenario_set_field(raw, key.split("."), copy.deepcopy(value), f"{where}: {key!r}")
 
 
 def _read_yaml(path: Path) -> dict:

@@ -136,11 +136,11 @@ def test_unknown_dequant_mode_is_one_line():
         _run({"costmodel": {"kind": "linear", "dequant": "slow"}})
 
 
-def test_every_summary_column_has_a_unit_and_a_readme_glossary_row():
+def test_every_summary_column_has_a_unit_and_a_glossary_row():
     from sim.cluster.runner import run_scenario
     from sim.metrics.glossary import GLOSSARY, unit
     from sim.scenario.config import load_scenario
     res = run_scenario(load_scenario("examples/azure-conv-shape.yaml", ["workload.num_requests=40"]))
     assert [k for k in res.summary if not unit(k) and not k.startswith("policy_")] == []
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert [k for k in GLOSSARY if f"| `{k}` |" not in readme] == []
+    page = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "glossary.md").read_text()
+    assert [k for k in GLOSSARY if f"| `{k}` |" not in page] == []

@@ -1,4 +1,5 @@
-"""What each run-summary column means and its unit (printed by `servesim run`, listed in the README)."""
+"""What each run-summary column means and its unit (printed by `servesim run`; docs/reference/glossary.md is
+generated from it by docs/gen_tables.py)."""
 from __future__ import annotations
 
 # name: (unit, meaning). Percentile columns follow their mean's unit: ttft_p99 is the 99th percentile over requests.
@@ -42,8 +43,25 @@ GLOSSARY = {
     "kv_transfer_share": ("fraction", "disaggregated: KV transfer time over end-to-end latency, summed"),
     "handoff_wait_s_mean": ("s", "disaggregated: time a finished prefill waited for KV room on a decode replica"),
     "prefix_hit_rate": ("fraction", "prompt blocks found in the prefix cache at admissions (GPU or CPU tier)"),
+    "costmodel_kind": ("name", "the batch-time model the run used (linear, roofline, profiled; '(auto)': the "
+                               "default kind chose it for the GPU and model)"),
+    "costmodel_file": ("path", "the fitted file its coefficients came from (profiles/...), or built-in"),
+    "overheads": ("name", "the CPU/front-end overheads preset charged (profiles/overheads.yaml), custom, or none"),
+    "kv_capacity_tokens": ("tokens", "KV capacity M the run had (a cluster: summed over its replicas)"),
     "wall_s": ("s", "host time the simulation took (not simulated time)"),
 }
+
+
+# Families of columns named by a pattern rather than one by one: (pattern, unit, meaning).
+PATTERNS = (
+    ("`tpot_*`, `tbt_*`, `e2e_*`, `normalized_latency_*`, `queueing_*`", "s (normalized latency: s/token)",
+     "the request table's columns of those names, mean and percentiles over completed requests"),
+    ("`slo_attainment_<class>`", "fraction", "attainment within one request class"),
+    ("`policy_<counter>`", "count", "how often a policy's own mechanism fired (hidden-cache decodes, lent KV blocks, "
+                                    "offloads, promotions, ...)"),
+    ("`prefix_gpu_hit_tokens`, `prefix_cpu_hit_tokens`, `prefix_evicted_blocks`", "tokens / blocks",
+     "prefix caching: prompt tokens found in the GPU cache and in the CPU tier, cached blocks evicted"),
+)
 
 
 def unit(name: str) -> str:

@@ -161,6 +161,9 @@ class SimResult:
         overheads = getattr(sim.costmodel, "overheads", None)
         req = request_table(sim.all_requests, slos, overheads)
         it = iteration_table(sim.iters)
+        # estimated from the finished rows, outside the engine loop (sim/metrics/utilization.py)
+        from sim.metrics.utilization import utilization
+        it["mfu"], it["mbu"] = utilization(it, sim.costmodel)
         summ = summarize(req, it, sim.memory.capacity_tokens, sim.truncated, getattr(sim, "tally", None))
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions
             summ.update(sim.memory.stats())

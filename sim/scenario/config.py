@@ -143,8 +143,10 @@ def _from_dict(cls, d, where):
     public = [f for f in fields if f != "source"]
     bad = sorted(set(d) - set(public))
     if bad:
+        from policies.vllm_names import alias_hint
+        hint = alias_hint(where) if cls is Scenario or where in ("model", "hardware", "memory") else ""
         raise UserError(f"{where + ': ' if where else ''}unknown key(s) {', '.join(map(str, bad))}; "
-                        f"allowed: {', '.join(public)}")
+                        f"allowed: {', '.join(public)}{hint}")
     kw = {}
     for k, v in d.items():
         t = hints[k]
@@ -167,18 +169,114 @@ def parse_override(text: str) -> tuple[list, object]:
 
 
 def apply_overrides(raw: dict, overrides) -> dict:
-    raw = copy.deepcopy(raw)
+    raw = lift_aliases(copy.deepcopy(raw))
     for text in overrides or ():
         path, value = parse_override(text)
-        node = raw
-        for p in path[:-1]:
-            if node.get(p) is None:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                raise UserError(f"--set {text!r}: {p!r} is not a section")
-            node = node[p]
-        node[path[-1]] = value
+        set_field(raw, path, value, f"--set {text!r}")
     return raw
+
+
+def set_field(raw: dict, path: list, value, where: str) -> None:
+    """Set a dotted field of a raw scenario mapping, creating sections on the way. A field set by one name
+    replaces the file's value under the other (vLLM's name or servesim's), so an override wins instead of
+    clashing; a top-level vLLM name is set in its section."""
+    from policies.vllm_names import ALIASES, home
+    if len(path) == 1 and path[0] in ALIASES:
+        path = [home(path[0]), path[0]]
+    node = raw
+    for p in path[:-1]:
+        if node.get(p) is None:
+            node[p] = {}
+        if not isinstance(node[p], dict):
+            raise UserError(f"{where}: {p!r} is not a section")
+        node = node[p]
+    _drop_same_knob(node, path[-1], path[-2] if len(path) > 1 else "")
+    node[path[-1]] = value
+
+
+def _drop_same_knob(node: dict, key: str, section: str) -> None:
+    from policies.vllm_names import ALIASES, home, internal_names, policy_aliases
+    here = [a for a in ALIASES if home(a) == section]
+    if key in here:
+        for k in internal_names(key) - {key}:
+            node.pop(k, None)
+        return
+    for alias in here:
+        if alias in node and alias != key and key in internal_names(alias):
+            value = node.pop(alias)
+            cls = _policy_class(node) if section == "policy" else None
+            for k in (policy_aliases(cls).get(alias, ()) if cls is not None else ()):
+                if k != key:            # the alias's other knobs (C beside P) keep the value it gave them
+                    node[k] = value
+
+
+def _policy_class(spec):
+    from policies import POLICIES
+    entry = POLICIES.get(spec.get("name")) if isinstance(spec, dict) else None
+    return entry[0] if entry else None
+
+
+def lift_aliases(raw: dict) -> dict:
+    """vLLM names written at the top level (its flat engine arguments) move into their sections."""
+    from policies.vllm_names import ALIASES, home, internal_names
+    top = [k for k in raw if k in ALIASES]
+    if not top:
+        return raw
+    raw = dict(raw)
+    for alias in top:
+        sec = home(alias)
+        node = raw.get(sec)
+        if node is None:    # a policy knob with no policy section refines the default policy
+            node = copy.deepcopy(Scenario().policy) if sec == "policy" else {}
+        if not isinstance(node, dict):
+            raise UserError(f"{sec}: expected a mapping")
+        clash = sorted(({alias} | internal_names(alias)) & set(node))
+        if clash:
+            raise UserError(f"{alias} (top level) and {sec}.{clash[0]} set the same knob; give one of them")
+        node = dict(node)
+        node[alias] = raw.pop(alias)
+        raw[sec] = node
+    return raw
+
+
+def canonical_names(raw: dict) -> dict:
+    """A raw scenario with every vLLM name replaced by servesim's (policies/vllm_names.py), in the sections and in
+    the cluster's replica groups, so that both spellings resolve to the same scenario."""
+    from policies.vllm_names import translate_section
+    raw = lift_aliases(raw)
+    for sec in ("model", "hardware", "memory"):
+        if isinstance(raw.get(sec), dict):
+            raw[sec] = translate_section(sec, raw[sec], sec)
+    base_name = raw["policy"].get("name") if isinstance(raw.get("policy"), dict) else None
+    if isinstance(raw.get("policy"), dict):
+        raw["policy"] = _canonical_policy(raw["policy"], "policy", base_name)
+    cluster = raw.get("cluster")
+    if isinstance(cluster, dict):
+        raw["cluster"] = cluster = copy.deepcopy(cluster)
+        groups = []
+        reps = cluster.get("replicas")
+        if isinstance(reps, dict):
+            groups.append(("cluster.replicas", reps))
+        elif isinstance(reps, list):
+            groups += [(f"cluster.replicas[{i}]", g) for i, g in enumerate(reps) if isinstance(g, dict)]
+        dis = cluster.get("disaggregation")
+        if isinstance(dis, dict):
+            groups += [(f"cluster.disaggregation.{p}", dis[p]) for p in ("prefill", "decode")
+                       if isinstance(dis.get(p), dict)]
+        for where, g in groups:
+            for sec in ("model", "hardware", "memory"):
+                if isinstance(g.get(sec), dict):
+                    g[sec] = translate_section(sec, g[sec], f"{where}.{sec}")
+            if isinstance(g.get("policy"), dict):
+                g["policy"] = _canonical_policy(g["policy"], f"{where}.policy", base_name)
+    return raw
+
+
+def _canonical_policy(spec: dict, where: str, fallback_name):
+    from policies.vllm_names import translate_policy
+    name = spec.get("name", fallback_name)
+    cls = _policy_class({"name": name})
+    return spec if cls is None else translate_policy(spec, cls, where, name)
 
 
 # Ranges of the typed fields: (section, field, test, what is allowed). The free-form sections (policy, costmodel,
@@ -218,11 +316,13 @@ def _check_ranges(scn: Scenario) -> None:
 def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
     raw = dict(raw or {})
     defaults = Scenario()
+    from policies.vllm_names import POLICY_ALIASES
     for sec in ("policy", "workload", "costmodel"):
         # an override of one field of a section the file leaves out refines the default, not an empty mapping
-        if sec not in raw and any(str(o).split("=", 1)[0].strip().startswith(sec + ".") for o in overrides or ()):
+        keys = [str(o).split("=", 1)[0].strip() for o in overrides or ()]
+        if sec not in raw and any(k.startswith(sec + ".") or (sec == "policy" and k in POLICY_ALIASES) for k in keys):
             raw[sec] = copy.deepcopy(getattr(defaults, sec))
-    raw = apply_overrides(raw, overrides)
+    raw = canonical_names(apply_overrides(raw, overrides))
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
     for sec in ("policy", "workload", "costmodel", "cluster"):

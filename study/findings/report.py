@@ -77,7 +77,7 @@ def render_markdown(results, scale, figures: dict, fig_rel: str, made: str) -> s
         "",
         f"{made} InferMax claims: the linear model fitted on Vidur's A100 Llama-2-7B profiles "
         "(`profiles/a100-80gb/llama-2-7b-linear.yaml`), token-granular KV (block 1), watermark 0. Seed-system claims "
-        f"(AS, BR, ES, AL) use their benchmarks' setups (README) at this scale: {scale.slo_requests} requests per "
+        f"(AS, BR, ES, AL) use their benchmarks' setups (docs/guide) at this scale: {scale.slo_requests} requests per "
         f"Apt-Serve run, capacity searched to {100 * scale.capacity_tol:g}%, {scale.bros_rt} RT requests per BROS "
         f"run, {scale.la_fraction:g}× the EconoServe/ALISE request counts and "
         + ("every rate" if scale.rate_stride == 1 else f"one rate in {scale.rate_stride}") + " of their grids.",
