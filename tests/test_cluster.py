@@ -451,3 +451,18 @@ def test_ledger_routers_let_replicas_sleep_through_steady_steps(monkeypatch):
     pd.testing.assert_frame_equal(fast.requests, plain.requests)
     pd.testing.assert_frame_equal(fast.iterations, plain.iterations)
     assert sleeps and n_resumes < len(fast.iterations) / 3
+
+
+def test_pd_decode_replica_admits_by_its_own_policys_rule():
+    """Orca reserves max_model_len when it admits a request; on a decode replica a transferred request must be
+    admitted the same way, or eight of them fill the KV growing and Orca, which never evicts, waits forever (this
+    3:4 case once ended 'cluster stuck')."""
+    raw = {"name": "prop", "seed": 660, "memory": {"M": 8000}, "policy": {"name": "orca"},
+           "costmodel": {"kind": "linear"},
+           "workload": {"kind": "gamma", "num_requests": 85, "rate": 25.92806404502261, "cv": 1.1488910769521858,
+                        "prompt": {"dist": "uniform", "low": 4, "high": 1429},
+                        "output": {"dist": "uniform", "low": 1, "high": 285}},
+           "cluster": {"disaggregation": {"prefill": 3, "decode": 4, "first_token": "prefill",
+                                          "decode_router": "random"}, "router": "least_requests"}}
+    res = _run(raw)
+    assert set(res.requests["status"]) <= {"done", "infeasible"} and res.summary["completed"] > 0

@@ -615,7 +615,10 @@ class Cluster:
                 if src.state == "wait":
                     self.to_wake.append((src, t))
                 continue
-            if not d.sim.memory.reserve(r_d, kv_tokens, admission=True):
+            # the decode replica admits it by its own policy's rule (Orca reserves max_model_len, others the
+            # prompt or less): at least the KV that arrives
+            need = max(kv_tokens, d.sim.policy.admission_tokens(r_d))
+            if not d.sim.memory.reserve(r_d, need, admission=True):
                 return                                 # back-pressure: wait for room
             d.pending.popleft()
             self.pending_total -= 1
