@@ -61,9 +61,10 @@ def cpu_profile(tmp_path_factory):
 def test_cpu_harness_writes_every_operator_with_metadata(cpu_profile):
     df = pd.read_csv(cpu_profile, keep_default_na=False)
     assert set(LAYER_OPS) | {"emb", "attn_prefill", "attn_decode", "layer_forward", "iteration_forward"} <= set(df["op"])
-    # a whole iteration runs every layer: it takes longer than the same batch's one layer
-    it, lf = (df[df["op"] == op].set_index(["prefill", "decode"])["time_ms"] for op in ("iteration_forward",
-                                                                                      "layer_forward"))
+    # a whole iteration runs every layer: it takes longer than the same batch's one layer (best of the repeats,
+    # which another process on the same cores disturbs least)
+    it, lf = (df[df["op"] == op].set_index(["prefill", "decode"])["time_ms_min"] for op in ("iteration_forward",
+                                                                                          "layer_forward"))
     both = it.index.intersection(lf.index)
     assert len(both) and (it.loc[both] > lf.loc[both]).all()
     assert (df["time_ms"] > 0).all() and (df["time_ms_min"] <= df["time_ms"]).all()
