@@ -1,6 +1,7 @@
 """Read the shipped profile and fit YAML files with libyaml's C parser when present (the profiles are large)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
@@ -10,6 +11,14 @@ import yaml
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+_CACHE: dict = {}     # (path, mtime, size) → parsed mapping: a cluster builds many replicas from the same files
+
+
 def read_yaml(path) -> dict:
-    """The mapping in a YAML file (empty file: {})."""
-    return yaml.load(Path(path).read_text(), Loader=_LOADER) or {}
+    """The mapping in a YAML file (empty file: {}); a fresh copy each call, parsed once per file version."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _CACHE:
+        _CACHE[key] = yaml.load(p.read_text(), Loader=_LOADER) or {}
+    return copy.deepcopy(_CACHE[key])

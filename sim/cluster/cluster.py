@@ -183,10 +183,15 @@ class ReplicaGroup:
         self._idle = None
         self._proto = proto
 
+    def take_prototype(self):
+        """The prototype simulation for the first replica built (it was built exactly as a replica's), then None."""
+        proto, self._proto = self._proto, None
+        return proto
+
     def idle_result(self):
         """The tables of a replica that never received a request (computed once per group)."""
         if self._idle is None:
-            self._idle = self._proto.result()
+            self._idle = build_simulation(self.scn, requests=[]).result()
         return self._idle
 
 
@@ -365,7 +370,7 @@ class Cluster:
 
     def build(self, h) -> None:
         """Build replica h's simulation (first needed now) and wire it to the cluster."""
-        sim = build_simulation(h.scn, requests=[])
+        sim = h.group.take_prototype() or build_simulation(h.scn, requests=[])
         mem = sim.memory
         if hasattr(mem, "bind_requests"):            # answers a later turn repeats, wherever that turn lands
             mem.bind_requests(self.requests)
