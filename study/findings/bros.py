@@ -56,6 +56,32 @@ def counters(s) -> str:
     return "Mechanism (BROS, M = " + f"{REGIME_M}, seed 0): " + "; ".join(parts) + "."
 
 
+PROBE_RATE = 10.0        # the paper's ablation RT rate (Fig. 13), for the TPOT probe
+
+
+def tpot_probe(s) -> str:
+    """What makes RT TPOT miss here (seed 0, M = REGIME_M): at the headline rates every system keeps each RT
+    token gap under 0.2 s; at the paper's ablation rate BROS's extreme swap-outs stall the swapped RT requests.
+    Also whether the replacement path (Alg. 1 lines 25–31) can fire: with the batch-size limit binding (B = 8)."""
+    parts = []
+    for p in ("vllm", "bros-rr", "bros"):
+        o = br(s, p, PROBE_RATE)
+        parts.append(f"{p} per-request {100 * o['rt_tpot_attainment']:.0f}%, per-token "
+                     f"{100 * o['rt_token_attainment']:.1f}%")
+    st = br(s, "bros", PROBE_RATE)["policy_stats"]
+    ov = [f"workload.rt_requests={s.bros_rt}", f"workload.rt_rate={RATES[-1]}", f"memory.M={REGIME_M}",
+          "policy.b_base=8", "policy.b_max=8"]
+    rep = memo(("bros-replace-probe", s.bros_rt, RATES[-1], REGIME_M),
+               lambda: {k: v for k, v in bros_run("bros", ov).get("policy_stats", {}).items()
+                        if isinstance(v, (int, float))})
+    return (f"TPOT probe at RT {PROBE_RATE:g} req/s (M = {REGIME_M}, seed 0): " + "; ".join(parts) +
+            f"; BROS time-bound iterations {st.get('time_bound_iters', 0)}, replacements {st.get('replacements', 0)}, "
+            f"extreme swap-outs {st.get('extreme_swapouts', 0)}. Replacement path with the batch-size limit binding "
+            f"(B = 8, {RATES[-1]:g} req/s): {rep.get('replacements', 0)} replacements, so it can fire; at the "
+            f"default B (128, doubling) the batch-size limit never binds here and one RT decode's time is too small "
+            f"to make room for a BE prefill under the time budget. ")
+
+
 def _header(s) -> str:
     d = {p: float(np.mean([np.mean(_per_rate(s, "rt_ttft_attainment", k)[p]) for k in SEEDS]))
          for p in ("vllm", "bros-rr", "bros")}
@@ -193,6 +219,7 @@ def br8(s):
     tok = _per_rate(s, "rt_token_attainment")
     out.ours += "; per-token attainment (seed 0) " + "; ".join(
         f"{p}: " + ", ".join(f"{100 * v:.1f}%" for v in tok[p]) for p in tok)
+    out.note = (tpot_probe(s) + counters(s) + (" " + out.note if out.note else "")).strip()
     return out
 
 
@@ -222,7 +249,7 @@ def br11(s):
                     saturated=sat if "saturated" in sat else "")
     return Outcome("RR 47.34% < BROS 65.49%", f"RR {100 * r:.1f}%, BROS {100 * b:.1f}%{_rates()}; BROS/RR "
                    f"{fmt_effect(e)}", e.verdict != "opposite", within(r, 0.4734) and within(b, 0.6549),
-                   untestable=e.reason if e.verdict == "untestable" else "")
+                   note=tpot_probe(s) + counters(s), untestable=e.reason if e.verdict == "untestable" else "")
 
 
 @register_claim("BR-12", "bros", "7.2", "vLLM's RT TPOT suffers because later RT requests must release memory and "

@@ -19,9 +19,6 @@ FULL_ONLY = {"AS-2", "AS-4", "AS-5", "BR-7", "BR-10", "ES-16", "AL-8"}
 # Directions our simulator does not reproduce (the claims' why= say why); claims that are untestable here (a tie
 # or saturation) skip themselves in the direction tests.
 KNOWN_DISAGREEMENTS = {   # the full-scale verdicts of docs/reproduction.md (3 seeds, the CI rule); why in whys.json
-    "AS-4": "Apt-Serve completes a smaller share of the offered load than vLLM near the knee (served rule)",
-    "AS-5": "as AS-4, against Sarathi and FastGen",
-    "AS-12": "Apt-Serve sustains less than Sarathi under the served rule",
     "BR-1": "in the memory-bound regime BROS completes far less BE work than vLLM",
     "BR-6": "BROS's RT latency grows at the extreme RT rate; vLLM's is set by the BE backlog",
     "ES-1": "on ShareGPT admitted groups are single GTs, so synced admission lowers the sustainable rate",
