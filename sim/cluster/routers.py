@@ -106,7 +106,8 @@ class LeastRequests(Router):
     reads_state = False
 
     def pick(self, req, replicas, now):
-        return _argmin(h.outstanding_requests for h in replicas)
+        loads = [h.outstanding_requests for h in replicas]
+        return loads.index(min(loads))                    # the lowest index among the least loaded
 
 
 class LeastTokens(Router):
@@ -115,7 +116,8 @@ class LeastTokens(Router):
     reads_state = False
 
     def pick(self, req, replicas, now):
-        return _argmin(h.outstanding_tokens for h in replicas)
+        loads = [h.outstanding_tokens for h in replicas]
+        return loads.index(min(loads))                    # the lowest index among the least loaded
 
 
 class PowerOfTwo(Router):
