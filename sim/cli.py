@@ -25,6 +25,9 @@ PLUGINS: list[str] = [
 ]
 
 
+
+MAX_REPLICA_LINES = 40    # the terminal shows the busiest replicas of a larger cluster; replicas.csv has all
+
 def _fmt(v):
     if isinstance(v, float):
         if math.isnan(v):
@@ -82,9 +85,15 @@ def cmd_run(args) -> int:
               f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)
     print_summary(res.summary, f"{scn.name}: policy={scn.policy.get('name')} M={res.capacity_tokens} tokens")
     print(f"  {res.meta['memory_text']}")
-    if "replicas" in res.tables:                # a cluster: one line per replica
+    if "replicas" in res.tables:                # a cluster: one line per replica (the busiest, when many)
         cols = ["replica", "pool", "gpu", "gpus", "routed", "completed", "utilization", "ttft_p99", "kv_util_mean"]
-        print(res.tables["replicas"][cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        per = res.tables["replicas"]
+        shown = per if len(per) <= MAX_REPLICA_LINES else per.nlargest(MAX_REPLICA_LINES, "routed").sort_index()
+        print(shown[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        if len(shown) < len(per):
+            idle = int((per["routed"] == 0).sum())
+            print(f"  ... {len(per) - len(shown)} more replicas not shown ({idle} of all {len(per)} got no request); "
+                  "every one is in replicas.csv with --out")
     if args.out:
         paths = res.write(args.out, args.format)
         print(f"wrote {', '.join(str(p) for p in paths)}")

@@ -466,3 +466,16 @@ def test_pd_decode_replica_admits_by_its_own_policys_rule():
                                           "decode_router": "random"}, "router": "least_requests"}}
     res = _run(raw)
     assert set(res.requests["status"]) <= {"done", "infeasible"} and res.summary["completed"] > 0
+
+
+def test_cli_shows_the_busiest_replicas_of_a_large_cluster(tmp_path, capsys):
+    """The terminal lists at most 40 replicas (the busiest) and says how many it left out; replicas.csv has all."""
+    from sim.cli import MAX_REPLICA_LINES, main
+    out = tmp_path / "big"
+    assert main(["run", "examples/infermax-default.yaml", "--set", "cluster.replicas=3000", "--set",
+                 "cluster.router=least_requests", "--set", "workload.num_requests=60", "--out", str(out),
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert sum(" serve " in line for line in text.splitlines()) == MAX_REPLICA_LINES == 40
+    assert "2960 more replicas not shown (2940 of all 3000 got no request)" in text
+    assert len(pd.read_csv(out / "replicas.csv")) == 3000
