@@ -241,17 +241,13 @@ class ReplicaHandle:
 
     @property
     def outstanding_requests(self) -> int:
-        ledger = self.ledger
-        if ledger.later:                     # as the router knows it at its decision's time
-            ledger.settle(self.driver.read_time)
-        return ledger.routed - ledger.completed
+        self.ledger.settle(self.driver.read_time)    # as the router knows it at its decision's time
+        return self.ledger.outstanding_requests
 
     @property
     def outstanding_tokens(self) -> int:
-        ledger = self.ledger
-        if ledger.later:
-            ledger.settle(self.driver.read_time)
-        return ledger.routed_tokens - ledger.completed_tokens
+        self.ledger.settle(self.driver.read_time)
+        return self.ledger.outstanding_tokens
 
     @property
     def queued(self) -> int:

@@ -18,6 +18,7 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
+from sim.engine.view import ReplicaView
 
 WAIT = None          # what a cluster replica yields when it has nothing to do until the router sends a request
 
@@ -26,7 +27,6 @@ class Until(float):
     """What a cluster replica yields to sleep in a steady decode until this time unless the router sends it a
     request first: nothing its router reads changes before then (sim/cluster/cluster.py wakes it early)."""
     __slots__ = ()
-from sim.engine.view import ReplicaView
 
 
 # The per-iteration table's columns; the engine keeps a row tuple per iteration (cheaper than 12 appends).
@@ -358,42 +358,21 @@ class Simulation:
 
     def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
         """When the steady cohort, left alone from time t, first completes a member (the end of that step) or would
-        be short of KV (the start of that step), computed as _skip_cohort's steps would run, without committing
-        them; after max_steps steps, the end of the last."""
-        cohort, cm = self.cohort, self.costmodel
-        n, context, s = cohort.n, cohort.cached, cohort.steps
-        key = (t, s, n, context, self.memory.free_blocks)
+        be short of KV (the start of that step), with the step times _skip_cohort's loop would compute, nothing
+        committed; after max_steps steps (or at max_iterations) the end of the last."""
+        cohort = self.cohort
+        n, context = cohort.n, cohort.cached
+        key = (t, cohort.steps, n, context, self.memory.free_blocks)
         if self._lookahead is not None and self._lookahead[0] == key:
             return self._lookahead[1]           # woken where it slept: the same answer, not computed again
-        wake = self._lookahead_steps(t, stop, max_steps)
+        k, _ = cohort.steps_ahead(int(min(max_steps, stop - self.view.iteration)))
+        time_from_sums = self.costmodel.time_from_sums
+        wake = t
+        for _ in range(k):
+            context += n
+            wake = wake + time_from_sums(n, 0, 0, 0, 0, n, context)
         self._lookahead = (key, wake)
         return wake
-
-    def _lookahead_steps(self, t: float, stop, max_steps: int) -> float:
-        cohort, cm = self.cohort, self.costmodel
-        n, context, s = cohort.n, cohort.cached, cohort.steps
-        done = min(cohort.done_at) if cohort.done_at else math.inf
-        block_size, first_block = cohort.block_size, cohort.first_block
-        taking = list(cohort.taking)
-        free = self.memory.free_blocks
-        iteration = self.view.iteration
-        for _ in range(max_steps):
-            if iteration >= stop:
-                return t
-            s += 1
-            res = s % block_size
-            first = first_block.get(s, 0)
-            due = taking[res] + first
-            if due > free:
-                return t
-            taking[res] += first
-            free -= due
-            t = t + cm.time_from_sums(n, 0, 0, 0, 0, n, context + n)
-            context += n
-            iteration += 1
-            if s >= done:
-                return t
-        return t
 
     def _patch_last_waiting(self) -> None:
         """Arrivals during a skipped stretch's last step land before its record, as in the plain loop."""
