@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench docs clean
+.PHONY: demo test test-slow bench docs clean gpu-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,12 @@ docs: $(DOCS_STAMP)
 	$(BIN)/python docs/gen_tables.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	@echo "site: out/site/index.html (or: $(BIN)/mkdocs serve)"
+
+# On a machine with a CUDA GPU and PyTorch (no venv: the GPU image's python3 has torch): profile Llama-2-7B and
+# Llama-3-8B with the engine kernels, Mixtral's experts and FP8 GEMMs, a compiled batch-1 decode as the yardstick,
+# calibrate, check against the shipped model; report.md, summary.json and the CSVs land in out/gpu-check.
+gpu-check:
+	PYTHONPATH=. $(PY) -m profiles.gpu_check --out out/gpu-check
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

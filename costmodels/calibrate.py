@@ -18,7 +18,7 @@ import pandas as pd
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from costmodels.operators import GEMM_SHAPES, LAYER_OPS, Shard, dense_work, gemm_dims
-from costmodels.profile_data import VALIDATION_OPS, parse_decode, parse_prefill
+from costmodels.profile_data import CHECK_OPS, VALIDATION_OPS, parse_decode, parse_prefill
 
 KINDS = ("linear", "roofline", "profiled")
 DENSE_OPS = LAYER_OPS + ("emb",)
@@ -56,7 +56,7 @@ def split_contiguous(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0
         pairs = [parse_prefill(s) for s in table["prefill"].to_numpy()[pre]]
         key = np.array([max(c) * 100_000 + max(k) for c, k in pairs])      # sorted by chunk, then context
         te[pre] = _blocks(key, n_blocks, test_frac, rng)
-    te |= np.isin(op, VALIDATION_OPS)     # whole-layer and whole-iteration forwards are validation only
+    te |= np.isin(op, VALIDATION_OPS + CHECK_OPS)     # whole layers and iterations are validation only
     return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
 
 
@@ -93,7 +93,7 @@ def fit(kind: str, table: pd.DataFrame, model, gpu, tp: int = 1, base=None):
     do not time from (profiled: attention if absent; linear: attention if absent)."""
     if kind not in KINDS:
         raise UserError(f"--kind: {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
-    rows = table[~table["op"].isin(VALIDATION_OPS)]
+    rows = table[~table["op"].isin(VALIDATION_OPS + CHECK_OPS)]
     if kind == "profiled":
         return fit_profiled(rows, model, gpu, tp)
     if kind == "linear":
@@ -401,6 +401,8 @@ def predict_op(cm, row):
         return g["other"] + g["attn_prefill"] + g["attn_decode"]
     if op == "iteration_forward":
         return float(m.compute_time(shape))
+    if op == "moe_mlp":
+        return float(m.moe_time(shape.num_tokens)) if hasattr(m, "moe_time") else None
     if m.kind == "linear":
         return predict_groups(m, shape)[op] if op in ("attn_prefill", "attn_decode", "emb") else None
     if op in ("attn_prefill", "attn_decode"):
@@ -410,6 +412,9 @@ def predict_op(cm, row):
     if m.kind == "profiled":
         return None          # the profiled model keeps the operators' sum, not each operator
     return float(m.dense_op_time(op, shape.num_tokens))
+
+
+ITERATION_TIMING = {"graph": "graph-replayed, as engines run them", "eager": "eager: Python dispatch included"}
 
 
 # -- held-out errors --------------------------------------------------------------------------------------
@@ -427,7 +432,7 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
     and whole iterations: measured layer_forward rows if the profile has them, else mixed batches composed from
     held-out attention rows plus the measured non-attention ops at the batch's token count."""
     rows = []
-    for op, g in test[~test["op"].isin(VALIDATION_OPS)].groupby("op", sort=False):
+    for op, g in test[~test["op"].isin(VALIDATION_OPS + CHECK_OPS)].groupby("op", sort=False):
         pairs = [(y, predict_op(cm, r)) for y, (_, r) in zip(g["time_ms"] * 1e-3, g.iterrows())]
         pairs = [(y, p) for y, p in pairs if p is not None]
         if pairs:
@@ -454,11 +459,12 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
             p = np.array([L * predict_groups(m, BatchShape([int(n)], [0]))["other"]
                           + predict_groups(m, BatchShape([int(n)], [0]))["emb"] for n in both])
             rows.append(_err_row(f"iteration non-attention{tag}", y, p))
+    timing = test["timing"] if "timing" in test else pd.Series("cpu", index=test.index)
     for op, what in (("layer_forward", "layer_forward (measured mixed batches)"),
                      ("iteration_forward", "iteration_forward (measured whole iterations)")):
-        lf = test[test["op"] == op]
-        if len(lf):
-            rows.append(_err_row(what, lf["time_ms"].to_numpy() * 1e-3, [predict_op(cm, r) for _, r in lf.iterrows()]))
+        for how, g in test[test["op"] == op].groupby(timing[test["op"] == op], sort=False):
+            label = what if how not in ITERATION_TIMING else f"{op} ({ITERATION_TIMING[how]})"
+            rows.append(_err_row(label, g["time_ms"].to_numpy() * 1e-3, [predict_op(cm, r) for _, r in g.iterrows()]))
     ref = reference if reference is not None else test
     ref1 = ref[ref["tp"] == 1] if "tp" in ref else ref
     layers = cm.model.layers if cm.model is not None else getattr(cm, "layers", 32)
@@ -505,13 +511,29 @@ def mixed_iteration_grid(test, reference, layers: int, n_mixed: int = 300, seed:
     return out
 
 
+def refuse_eager(table, allow_eager: bool = False):
+    """Operator rows timed eager on a GPU measure PyTorch's dispatch as much as the kernels (1.3-5x an engine at small
+    batches): a model fitted on them models eager PyTorch. Refused unless asked for."""
+    if allow_eager or "timing" not in table:
+        return
+    fitted = ~table["op"].isin(VALIDATION_OPS + CHECK_OPS)
+    eager = fitted & (table["timing"] == "eager")
+    if eager.any():
+        files = sorted(set(table.loc[eager, "source"])) if "source" in table else []
+        raise UserError(f"{', '.join(files) or 'profile'}: {int(eager.sum())} operator rows were timed eager (one "
+                        f"Python call each, launch and dispatch included), so a fit would model eager PyTorch, not an "
+                        f"engine; profile again with CUDA-graph timing (servesim profile, the default) or pass "
+                        f"--allow-eager")
+
+
 def calibrate(paths, model, gpu, kind: str, tp: int | None = None, test_frac: float = 0.25, seed: int = 0,
-              stat: str = "median", extrapolate_above: int = 1024):
+              stat: str = "median", extrapolate_above: int = 1024, allow_eager: bool = False):
     """Read profiles; fit `kind` on contiguous-block training data and on data up to `extrapolate_above` tokens
     and measure each on what it did not see; then refit on all rows for the shipped coefficients.
     Returns (cost model, held-out errors by contiguous blocks, held-out errors above the extrapolation limit)."""
     from costmodels.profile_data import read_profiles
     table = read_profiles(paths, tp=tp, stat=stat)
+    refuse_eager(table, allow_eager)
     fit_tp = tp or 1
     train, test = split_contiguous(table, test_frac, seed)
     errs = heldout_errors(fit(kind, train, model, gpu, fit_tp), test, reference=table, seed=seed)

@@ -18,6 +18,8 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     c.add_argument("--stat", default="median", choices=("median", "mean", "min"), help="Vidur statistic to use")
     c.add_argument("-o", "--out", help="write the fitted model YAML here (default: profiles/<gpu>/<model>-<kind>.yaml)")
+    c.add_argument("--allow-eager", action="store_true",
+                   help="fit operator rows timed eager on a GPU (refused by default: they model PyTorch's dispatch)")
     c.set_defaults(func=cmd_calibrate)
 
     m = sub.add_parser("model", help="model catalog tools: `servesim model import CONFIG.json` prints a catalog entry")
@@ -32,7 +34,7 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="time a model's operators on this machine and write a profile CSV")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--model", default="llama-2-7b", help="model name in the catalog (random weights, no downloads)")
-    p.add_argument("--out", required=True, help="CSV to write")
+    p.add_argument("--out", help="CSV to write (required unless --from)")
     p.add_argument("--tp", type=int, default=1, help="profile one tensor-parallel shard of this degree")
     p.add_argument("--max-tokens", type=int, default=None, help="largest token count / context (default by device)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median kept)")
@@ -45,6 +47,23 @@ def register(sub) -> None:
                    help="time all-reduce instead (torch.distributed: NCCL on cuda, gloo on cpu) and write Vidur's "
                         "all_reduce.csv; fit it with python -m costmodels.collectives on the folder above")
     p.add_argument("--gpus", default="2,4,8", help="GPU counts for --collectives (at most the visible ones)")
+    p.add_argument("--kernels", choices=("engine", "eager"), default="engine",
+                   help="engine: FlashAttention varlen, fused RMSNorm/rotary/SiLU-and-mul where available (default); "
+                        "eager: the first harness's unfused PyTorch with padded attention, to measure the gap")
+    p.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                   help="graph: each operator as a CUDA graph of many calls, replayed (default); eager: CUDA events "
+                        "around one Python call")
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp8"), default=None,
+                   help="weights and activations (default: the model's); fp8: GEMMs through torch._scaled_mm (Hopper)")
+    p.add_argument("--attention", default=None,
+                   help="force one attention implementation (vllm-flash-varlen, flash-attn-varlen, torch-flash-varlen, "
+                        "sdpa-per-request, sdpa-padded)")
+    p.add_argument("--check", action="store_true",
+                   help="compare every operator family with the shipped cost model for the GPU and print the ratios "
+                        "(flagged beyond ±25%%, eager timing, padded attention)")
+    p.add_argument("--from", dest="check_from", nargs="+", metavar="CSV",
+                   help="with --check: check these profiles instead of profiling")
+    p.add_argument("--gpu", help="with --check: catalog GPU to compare with (default: from the rows' device_name)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -54,7 +73,7 @@ def cmd_calibrate(args) -> int:
     from costmodels.linear import default_profile_path
     model, gpu = get_model(args.model, "--model"), get_gpu(args.gpu, "--gpu")
     cm, errs, errs_x = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
-                                 seed=args.seed, stat=args.stat)
+                                 seed=args.seed, stat=args.stat, allow_eager=args.allow_eager)
     out = args.out or default_profile_path(gpu.name, model.name, args.kind)
     cm.save(out)
     print(f"{args.kind} model for {model.name} on {gpu.name}; held-out error, {args.test_frac:.0%} of the profile "
@@ -94,6 +113,16 @@ def format_errors(errs) -> str:
 
 def cmd_profile(args) -> int:
     from profiles.harness import run_collectives, run_profile
+    if args.check_from:
+        if not args.check:
+            raise UserError("--from: only with --check (profiles to check instead of profiling)")
+        return _check(args.check_from, args.gpu)
+    if not args.out:
+        raise UserError("profile: --out CSV is required (or --check --from CSV... to check existing profiles)")
+    if args.attention is not None:
+        from profiles.engine_ops import ATTENTION_ORDER
+        if args.attention not in ATTENTION_ORDER:
+            raise UserError(f"--attention: {args.attention!r} is not one of {', '.join(ATTENTION_ORDER)}")
     if args.collectives:
         try:
             gpus = [int(g) for g in args.gpus.split(",")]
@@ -105,6 +134,20 @@ def cmd_profile(args) -> int:
     else:
         n = run_profile(args.model, args.device, args.out, tp=args.tp, max_tokens=args.max_tokens,
                         repeats=args.repeats, backend=args.backend, quick=args.quick, log=sys.stderr,
-                        iterations=args.iterations)
+                        iterations=args.iterations, kernels=args.kernels, timing=args.timing, dtype=args.dtype,
+                        attention=args.attention)
     print(f"wrote {n} rows to {args.out}")
+    if args.check and not args.collectives:
+        return _check([args.out], args.gpu)
+    return 0
+
+
+def _check(paths, gpu) -> int:
+    from costmodels.profile_check import check_profile, format_check
+    from costmodels.profile_data import read_profiles
+    table = read_profiles(paths)
+    if gpu is None and set(table["device"] if "device" in table else []) <= {"cpu"}:
+        raise UserError("profile --check: these rows were timed on a CPU; name the GPU model to compare with (--gpu)")
+    print(f"profile check: measured / shipped model, per operator family ({', '.join(map(str, paths))})")
+    print(format_check(check_profile(table, gpu)))
     return 0

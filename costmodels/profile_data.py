@@ -16,7 +16,10 @@ from costmodels.operators import ATTN_OPS, LAYER_OPS
 #   prefill: "c:k;c:k" chunk:cached-context per prefill request;  decode: "m;m;..." KV tokens read per request
 REQUIRED = ("op", "num_tokens", "prefill", "decode", "time_ms")
 VALIDATION_OPS = ("layer_forward", "iteration_forward")   # measured for validation, never fitted
-KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb",) + VALIDATION_OPS
+CHECK_OPS = ("moe_mlp",)   # one MoE layer's routed experts: compared with the model (profile --check), not fitted
+KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb",) + VALIDATION_OPS + CHECK_OPS
+# How a row was timed. Harness files from before the column existed were timed eager on CUDA.
+TIMINGS = ("graph", "eager", "cpu", "vidur", "unknown")
 VIDUR_MLP_OPS = LAYER_OPS + ("emb",)
 
 
@@ -47,10 +50,13 @@ def read_profile(path, tp: int | None = 1, stat: str = "median") -> pd.DataFrame
         raise UserError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
     if "op" in df.columns or not any(c.startswith("time_stats.") for c in df.columns):
         out = _validate_harness(df, path)
+        out["timing"] = _timing(out, path)
     elif "num_tokens" in df.columns:
         out = _from_vidur_mlp(df, path, tp, stat)
+        out["timing"] = "vidur"
     else:
         out = _from_vidur_attention(df, path, tp, stat)
+        out["timing"] = "vidur"
     out["source"] = path.name
     if "tp" not in out:
         out["tp"] = tp or 1
@@ -78,6 +84,20 @@ def _validate_harness(df: pd.DataFrame, path) -> pd.DataFrame:
             raise UserError(f"{path}: row {i + 2}: prefill must look like 'c:k;c:k' and decode like 'm;m', "
                             f"got {pf!r} / {dc!r}") from None
     return df
+
+
+def _timing(df, path):
+    """The `timing` column, filled in for files written before it existed (CUDA rows then were timed eager)."""
+    if "timing" in df.columns:
+        t = df["timing"].astype(object).where(df["timing"].notna(), "").astype(str)
+        bad = ~t.isin(TIMINGS)
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            raise UserError(f"{path}: row {i + 2}: timing {t.iloc[i]!r} is not one of {', '.join(TIMINGS)}")
+        return t
+    if "device" in df.columns:
+        return np.where(df["device"].astype(str) == "cuda", "eager", "cpu")
+    return "unknown"      # a hand-made table: nothing says how it was timed
 
 
 def _check_positive(df, col, path):
