@@ -173,8 +173,11 @@ class EngineBackend(TorchBackend):
         from profiles import engine_ops
         self.ops = engine_ops
         self.el = engine_ops.Elementwise(self.torch, self.dev, self.tdtype)
-        self.attn, self.attn_tried = engine_ops.pick_attention(self.torch, self.dev, self.tdtype, prefer=attention)
+        ok, self.attn_tried = engine_ops.working_attentions(self.torch, self.dev, self.tdtype, prefer=attention)
+        self.attn = ok[0]
+        self.decode_candidates = [a for a in ok if a.name not in engine_ops.RACE_EXCLUDED] or ok[:1]
         self.attention_impl = self.attn.name
+        self.last_attn = self.attn.name     # what the latest batch's attention ended up as (raced for decode)
         self.fp8 = dtype == "fp8"
         if self.fp8:
             why = engine_ops.fp8_available(self.torch, self.dev)
@@ -185,17 +188,17 @@ class EngineBackend(TorchBackend):
     def kernels_impl(self, op: str) -> str:
         from costmodels.operators import GEMM_SHAPES
         if op in ("attention", "attn_prefill", "attn_decode"):
-            return self.attn.name
+            return self.last_attn
         if op in ("input_layernorm", "post_attention_layernorm"):
             return self.el.impl["rmsnorm"] + " (residual add fused)"
         if op == "attn_rope":
-            return self.el.impl["rope"]
+            return self.el.impl["rope"] + " + KV-cache write"
         if op == "mlp_act":
             return self.el.impl["silu_mul"]
         if op in GEMM_SHAPES:
             return "fp8-scaled-mm" if self.fp8 and op != "lm_head" else "torch-matmul"
         if op == "mixed":    # whole layers and iterations: every choice above
-            return (f"{self.attn.name}; {self.el.impl['rmsnorm']}; {self.el.impl['rope']}; {self.el.impl['silu_mul']}; "
+            return (f"{self.last_attn}; {self.el.impl['rmsnorm']}; {self.el.impl['rope']}; {self.el.impl['silu_mul']}; "
                     f"{'fp8-scaled-mm' if self.fp8 else 'torch-matmul'}")
         return {"emb": "torch-embedding", "add": "torch-add"}.get(op, op)
 

@@ -123,13 +123,14 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
                 raise
             failed.append(f"{op} n={n}: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}")
             return
-        key = (op, t.mode)
+        impl = be.kernels_impl(impl_key or op)
+        key = (op, t.mode, impl)
         if key not in seen_kernels:   # which kernels ran: once per operator (the profiler costs ~0.1 s a call)
             seen_kernels[key] = _kernels(be, fn) if device == "cuda" else ""
         rows.append(dict(op=op, num_tokens=n, prefill=format_prefill(*pf) if pf else "", decode=format_decode(dc),
                          time_ms=t.median, time_ms_min=min(t.per_call_ms), time_ms_max=max(t.per_call_ms),
                          repeats=repeats, **meta, timing=t.mode, calls=t.calls,
-                         kernels_impl=be.kernels_impl(impl_key or op) + (f" [{t.note}]" if t.note else ""),
+                         kernels_impl=impl + (f" [{t.note}]" if t.note else ""),
                          kernels=seen_kernels[key]))
 
     say = (lambda s: print(s, file=log, flush=True)) if log else (lambda s: None)

@@ -52,6 +52,7 @@ class Layer:
         if be.engine:
             t["res"] = be.randn(n, self.m.hidden)
             t["pos"] = be.torch.arange(n, device=be.dev) % self.max_ctx
+            t["slots"] = be.torch.arange(n, device=be.dev) % self.pool
         return t
 
     def dense_ops(self, n):
@@ -62,7 +63,7 @@ class Layer:
             return {
                 "input_layernorm": lambda: el.rmsnorm(t["x"], self.w_norm, t["res"]),
                 "attn_pre_proj": lambda: self.gemm["qkv"](t["x"]),
-                "attn_rope": lambda: el.rope(t["qkv"], self.q_w, self.kv_w, self.d, self.cos, self.sin, t["pos"]),
+                "attn_rope": lambda: self._rope_and_cache(t["qkv"], t["pos"], t["slots"]),
                 "attn_post_proj": lambda: self.gemm["o"](t["attn"]),
                 "post_attention_layernorm": lambda: el.rmsnorm(t["x"], self.w_norm, t["res"]),
                 "mlp_up_proj": lambda: self.gemm["up"](t["x"]),
@@ -87,6 +88,16 @@ class Layer:
             "emb": lambda: be.embed(self.emb, t["ids"]),
         }
 
+    def _rope_and_cache(self, qkv, pos, slots):
+        """Rotary in place, then the new tokens' K and V written into the cache (vLLM's rotary_embedding and
+        reshape_and_cache): the work between the QKV projection and attention, timed as one `attn_rope` row."""
+        n = qkv.shape[0]
+        q_w, kv_w = self.q_w, self.kv_w
+        self.be.el.rope(qkv, q_w, kv_w, self.d, self.cos, self.sin, pos)
+        self.kcache.index_copy_(0, slots, qkv[:, q_w:q_w + kv_w].view(n, self.kv_heads, self.d))
+        self.vcache.index_copy_(0, slots, qkv[:, q_w + kv_w:].view(n, self.kv_heads, self.d))
+        return qkv
+
     # -- attention ---------------------------------------------------------------------------------------------
     def kv_views(self, prefill, decode):
         """Each request's own K/V rows (context + chunk for prefill, m for decode), spread over the pool."""
@@ -103,7 +114,7 @@ class Layer:
 
     def packed(self, prefill, decode):
         """Engine layout: the batch's requests side by side at the start of the pool; (batch, run(q), new-token
-        slots in the pool)."""
+        slots in the pool). A decode-only batch takes the fastest working attention for its shape (raced)."""
         be = self.be
         b = be.ops.PackedBatch(be.torch, prefill, decode, be.dev)
         if b.total_k > self.pool:
@@ -112,7 +123,12 @@ class Layer:
         for ql, kl in zip(b.q_lens, b.k_lens):
             slots += range(off + kl - ql, off + kl)
             off += kl
-        return b, be.attn.prepare(self.kcache, self.vcache, b), be.torch.tensor(slots, device=be.dev)
+        if not prefill[0] and len(be.decode_candidates) > 1:
+            q = be.randn(b.total_q, self.heads, self.d)
+            be.last_attn, run = be.ops.race(be.torch, be.decode_candidates, self.kcache, self.vcache, b, q)
+        else:
+            be.last_attn, run = be.attn.name, be.attn.prepare(self.kcache, self.vcache, b)
+        return b, run, be.torch.tensor(slots, device=be.dev)
 
     def attention_op(self, prefill, decode):
         n = sum(prefill[0]) + len(decode)
@@ -137,10 +153,7 @@ class Layer:
 
         def step(x, res):
             h = el.rmsnorm(x, self.w_norm, res)
-            qkv = self.gemm["qkv"](h)
-            el.rope(qkv, q_w, kv_w, self.d, self.cos, self.sin, pos)
-            self.kcache.index_copy_(0, slots, qkv[:, q_w:q_w + kv_w].view(n, self.kv_heads, self.d))
-            self.vcache.index_copy_(0, slots, qkv[:, q_w + kv_w:].view(n, self.kv_heads, self.d))
+            qkv = self._rope_and_cache(self.gemm["qkv"](h), pos, slots)
             a = attn(qkv[:, :q_w].view(n, self.heads, self.d))
             h = el.rmsnorm(self.gemm["o"](a.reshape(n, q_w)), self.w_norm, res)
             return self.gemm["down"](act(self.gemm["up"](h)))
