@@ -554,3 +554,12 @@ def calibrate(paths, model, gpu, kind: str, tp: int | None = None, test_frac: fl
         **({"profile_meta": meta} if meta else {}),
     }
     return cm, errs, errs_x
+
+
+def format_errors(errs) -> str:
+    w = max(len(str(s)) for s in errs["what"]) if len(errs) else 10
+    lines = [f"  {'operator / whole':<{w}}  {'n':>5}  {'MAPE%':>7}  {'p90%':>7}  {'max%':>7}  {'bias%':>7}"]
+    for _, r in errs.iterrows():
+        lines.append(f"  {r['what']:<{w}}  {r['n']:>5}  {r['mape_pct']:>7.2f}  {r['p90_ape_pct']:>7.2f}  "
+                     f"{r['max_ape_pct']:>7.2f}  {r['bias_pct']:>7.2f}")
+    return "\n".join(lines)

@@ -69,7 +69,7 @@ def register(sub) -> None:
 
 def cmd_calibrate(args) -> int:
     from costmodels import get_gpu, get_model
-    from costmodels.calibrate import calibrate
+    from costmodels.calibrate import calibrate, format_errors
     from costmodels.linear import default_profile_path
     model, gpu = get_model(args.model, "--model"), get_gpu(args.gpu, "--gpu")
     cm, errs, errs_x = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
@@ -100,15 +100,6 @@ def cmd_model_import(args) -> int:
           f"{spec.kv_heads} KV heads{moe}")
     print(f"# use it: model: {{config: {args.config}}} in a scenario, or add the line to costmodels/catalog.py MODELS")
     return 0
-
-
-def format_errors(errs) -> str:
-    w = max(len(str(s)) for s in errs["what"]) if len(errs) else 10
-    lines = [f"  {'operator / whole':<{w}}  {'n':>5}  {'MAPE%':>7}  {'p90%':>7}  {'max%':>7}  {'bias%':>7}"]
-    for _, r in errs.iterrows():
-        lines.append(f"  {r['what']:<{w}}  {r['n']:>5}  {r['mape_pct']:>7.2f}  {r['p90_ape_pct']:>7.2f}  "
-                     f"{r['max_ape_pct']:>7.2f}  {r['bias_pct']:>7.2f}")
-    return "\n".join(lines)
 
 
 def cmd_profile(args) -> int:

@@ -120,8 +120,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a dry run of the whole path on tiny-llama (tests; no reference, MoE or FP8)")
     ap.add_argument("--gpu", help="catalog GPU to compare with (default: from the device's name; needed on cpu)")
+    ap.add_argument("--quick", action="store_true", help="a small grid (the CPU dry run in the tests)")
     args = ap.parse_args(argv)
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("gpu-check: PyTorch is not installed here (pip install -e '.[profile]'); it needs a CUDA GPU and torch",
+              file=sys.stderr)
+        return 2
     from costmodels.base import build_costmodel
     from costmodels.calibrate import calibrate
     from costmodels.catalog import GiB, get_gpu, get_model
@@ -166,7 +172,7 @@ def main(argv=None) -> int:
         path = out / f"{tag}.csv"
         if stage(f"profile {model} {dtype}", lambda: run_profile(
                 model, args.device, path, repeats=args.repeats, log=sys.stderr, iterations=8, dtype=dtype,
-                token_points=args.token_points, mixed_count=24)):
+                token_points=args.token_points, mixed_count=8 if args.quick else 24, quick=args.quick)):
             csvs[model] = path
     if "moe" not in skip:
         path = out / f"{MOE[2]}.csv"
@@ -239,7 +245,7 @@ def main(argv=None) -> int:
     for model, errs in errors.items():
         lines += ["", f"## calibrate {model} (profiled): held-out error, a quarter of the profile held out in "
                       f"contiguous blocks", ""]
-        from costmodels.cli import format_errors
+        from costmodels.calibrate import format_errors
         lines += ["```", format_errors(errs), "```"]
         summary.setdefault("calibrate", {})[model] = {r["what"]: round(r["mape_pct"], 2) for _, r in errs.iterrows()}
     if check is not None:

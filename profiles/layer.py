@@ -148,7 +148,7 @@ class Layer:
         el = be.el
         _, attn, slots = self.packed(prefill, decode)
         pos = be.torch.arange(n, device=be.dev) % self.max_ctx
-        q_w, kv_w = self.q_w, self.kv_w
+        q_w = self.q_w
         act = el.silu_mul if self.m.gated_mlp else be.F.gelu
 
         def step(x, res):
