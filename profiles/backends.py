@@ -174,7 +174,7 @@ class EngineBackend(TorchBackend):
         self.ops = engine_ops
         self.el = engine_ops.Elementwise(self.torch, self.dev, self.tdtype)
         ok, self.attn_tried = engine_ops.working_attentions(self.torch, self.dev, self.tdtype, prefer=attention)
-        self.attn = ok[0]
+        self.attn = next(a for a in ok if not getattr(a, "decode_only", False))
         self.decode_candidates = [a for a in ok if a.name not in engine_ops.RACE_EXCLUDED] or ok[:1]
         self.attention_impl = self.attn.name
         self.last_attn = self.attn.name     # what the latest batch's attention ended up as (raced for decode)

@@ -3,14 +3,16 @@ rotary and SiLU-and-mul, grouped expert GEMMs, FP8 GEMMs), each checked against 
 from __future__ import annotations
 
 import math
+import os
 
 # Attention, fastest first. Each is tried on a small mixed batch (a prompt, a chunk with context, decodes; grouped KV
 # heads) and kept only if it runs and matches a float32 reference.
 ATTENTION_ORDER = ("vllm-flash-varlen", "flash-attn-varlen", "torch-flash-varlen", "torch-flash-varlen-split",
-                   "sdpa-per-request", "sdpa-padded")
+                   "triton-split-kv-decode", "sdpa-per-request", "sdpa-padded")
 # Decode-only batches are raced between the implementations that work (engines pick split-KV decode kernels for small
 # batches; torch's varlen FlashAttention does not split the KV, SDPA's dense path does).
 RACE_EXCLUDED = ("sdpa-padded",)
+# General kernels run any batch; decode-only ones (decode_only = True) join only the decode race.
 TOLERANCE = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}
 
 
@@ -228,6 +230,12 @@ def attention_candidates(torch, device_type: str, heads: int):
             ok = device_type == "cuda" and hasattr(torch.ops.aten, "_flash_attention_forward")
             out.append((name, (lambda n=name: FlashVarlen(torch, n, _torch_flash(torch, n.endswith("split"))))
                         if ok else None, "needs CUDA and aten._flash_attention_forward"))
+        elif name == "triton-split-kv-decode":
+            ok = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+            mod = _try_import("triton") if ok else None
+            sms = torch.cuda.get_device_properties(0).multi_processor_count if device_type == "cuda" else 132
+            out.append((name, (lambda: TritonSplitKvDecode(torch, heads, sms)) if mod else None,
+                        "needs Triton on CUDA (or its interpreter)"))
         elif name == "sdpa-per-request":
             out.append((name, lambda: SdpaPerRequest(torch, heads), ""))
         else:
@@ -262,6 +270,12 @@ def working_attentions(torch, device, dtype, heads: int = 4, kv_heads: int = 2, 
     k = torch.randn(b.total_k, kv_heads, head_dim, generator=gen, device=device, dtype=dtype)
     v = torch.randn(b.total_k, kv_heads, head_dim, generator=gen, device=device, dtype=dtype)
     ref = reference_attention(torch, q, k, v, b)
+    bd = PackedBatch(torch, ([], []), decode + [130], device)      # more than one 64-row block per request
+    kd = torch.randn(bd.total_k, kv_heads, head_dim, generator=gen, device=device, dtype=dtype)
+    vd = torch.randn(bd.total_k, kv_heads, head_dim, generator=gen, device=device, dtype=dtype)
+    qkvd = torch.randn(bd.total_q, (heads + 2 * kv_heads) * head_dim, generator=gen, device=device, dtype=dtype)
+    qd = qkvd[:, :heads * head_dim].view(bd.total_q, heads, head_dim)
+    decode_case = (qd, kd, vd, bd, reference_attention(torch, qd, kd, vd, bd))
     tried, ok = [], []
     dev_type = torch.device(device).type
     for name, factory, why in attention_candidates(torch, dev_type, heads):
@@ -272,8 +286,11 @@ def working_attentions(torch, device, dtype, heads: int = 4, kv_heads: int = 2, 
             continue
         try:
             impl = factory()
-            out = impl.prepare(k, v, b)(q)
-            err = float((out.float() - ref).abs().max())
+            if getattr(impl, "decode_only", False):   # validated on the decode rows alone
+                qd, kd, vd, bd, refd = decode_case
+                err = float((impl.prepare(kd, vd, bd)(qd).float() - refd).abs().max())
+            else:
+                err = float((impl.prepare(k, v, b)(q).float() - ref).abs().max())
         except Exception as e:   # noqa: BLE001 — an unsupported kernel raises many kinds of errors
             tried.append((name, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
             continue
@@ -304,6 +321,111 @@ def race(torch, candidates, k, v, b, q, repeats: int = 3):
     if best is None:
         return candidates[0].name, candidates[0].prepare(k, v, b)
     return best[1], best[2]
+
+
+# -- split-KV decode attention (Triton): FlashDecoding's scheme, KV read once per KV head ---------------------------
+_DECODE = None
+MAX_SPLITS = 16
+
+
+def _decode_kernels():
+    global _DECODE
+    if _DECODE is not None:
+        return _DECODE
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, lse_ptr, splits, stride_qt, stride_qh,
+                       stride_kt, stride_kh, scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr):
+        b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        start, length = tl.load(start_ptr + b), tl.load(len_ptr + b)
+        per = tl.cdiv(length, splits)
+        lo = sp * per
+        hi = tl.minimum(lo + per, length)
+        g = tl.arange(0, GROUP_PAD)
+        dd = tl.arange(0, D)
+        heads = kvh * GROUP + g
+        q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + dd[None, :], mask=(g < GROUP)[:, None],
+                    other=0.0)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            ok = offs < hi
+            rows = (start + offs)[:, None] * stride_kt + kvh * stride_kh + dd[None, :]
+            k = tl.load(k_ptr + rows, mask=ok[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            qk = tl.where(ok[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + rows, mask=ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+        keep = g < GROUP
+        base = (b * tl.num_programs(1) * GROUP + heads) * SPLITS_PAD + sp
+        tl.store(o_ptr + base[:, None] * D + dd[None, :], out, mask=keep[:, None])
+        tl.store(lse_ptr + base, lse, mask=keep)
+
+    @triton.jit
+    def reduce_kernel(o_ptr, lse_ptr, out_ptr, splits, stride_ot, stride_oh, D: tl.constexpr,
+                      SPLITS_PAD: tl.constexpr):
+        b, h = tl.program_id(0), tl.program_id(1)
+        sp = tl.arange(0, SPLITS_PAD)
+        dd = tl.arange(0, D)
+        row = (b * tl.num_programs(1) + h) * SPLITS_PAD
+        lse = tl.load(lse_ptr + row + sp, mask=sp < splits, other=float("-inf"))
+        w = tl.exp(lse - tl.max(lse, 0))
+        o = tl.load(o_ptr + (row + sp)[:, None] * D + dd[None, :], mask=(sp < splits)[:, None], other=0.0)
+        res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        tl.store(out_ptr + b * stride_ot + h * stride_oh + dd, res.to(out_ptr.dtype.element_ty))
+
+    _DECODE = {"triton": triton, "partial": partial_kernel, "reduce": reduce_kernel}
+    return _DECODE
+
+
+class TritonSplitKvDecode(Attention):
+    """Decode-only batches: one program per (request, KV head, split of the context), the KV head's query heads
+    together (grouped-query attention reads each K/V row once), partial results merged by their log-sum-exp — the
+    split-KV decoding engines use for few requests with long contexts. Raced against the general kernels."""
+    name = "triton-split-kv-decode"
+    decode_only = True
+
+    def __init__(self, torch, heads: int, sms: int = 132):
+        super().__init__(torch)
+        self.heads, self.sms = heads, sms
+        self.tk = _decode_kernels()
+
+    def prepare(self, k, v, b):
+        torch = self.torch
+        if any(ql != 1 for ql in b.q_lens):
+            raise ValueError("triton-split-kv-decode runs decode-only batches")
+        B, Hkv, D = len(b.k_lens), k.shape[1], k.shape[-1]
+        group = self.heads // Hkv
+        splits = int(max(1, min(MAX_SPLITS, -(-2 * self.sms // (B * Hkv)), -(-b.max_k // 64))))
+        starts = torch.tensor(b.cu_k[:-1].tolist(), device=k.device, dtype=torch.int64)
+        lens = torch.tensor(b.k_lens, device=k.device, dtype=torch.int64)
+        mid_o = torch.empty(B * self.heads * MAX_SPLITS, D, device=k.device, dtype=torch.float32)
+        mid_lse = torch.empty(B * self.heads * MAX_SPLITS, device=k.device, dtype=torch.float32)
+        scale = 1.0 / math.sqrt(D)
+        gpad = max(16, 1 << (group - 1).bit_length())
+        tk = self.tk
+
+        def run(q):
+            out = torch.empty(B, self.heads, D, device=q.device, dtype=q.dtype)
+            tk["partial"][(B, Hkv, splits)](q, k, v, starts, lens, mid_o, mid_lse, splits, q.stride(0), q.stride(1),
+                                            k.stride(0), k.stride(1), scale, GROUP=group, GROUP_PAD=gpad, D=D,
+                                            BLOCK_N=64, SPLITS_PAD=MAX_SPLITS)
+            tk["reduce"][(B, self.heads)](mid_o, mid_lse, out, splits, out.stride(0), out.stride(1), D=D,
+                                          SPLITS_PAD=MAX_SPLITS)
+            return out
+        return run
 
 
 # -- fused elementwise kernels (Triton on CUDA), with torch fallbacks ----------------------------------------------
