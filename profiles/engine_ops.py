@@ -45,7 +45,9 @@ def _accumulate(xs):
 
 class Attention:
     """prepare(k_pool, v_pool, batch) → run(q): the batch's attention output (total_q, H, d) for packed queries q
-    (total_q, H, d), which may be a view into the QKV projection's output as in an engine."""
+    (total_q, H, d), which may be a view into the QKV projection's output as in an engine. Kernels that size buffers
+    at prepare time read `heads`, which the layer sets to its own query-head count."""
+    heads = None
     name = "?"
 
     def __init__(self, torch):
@@ -187,6 +189,8 @@ class SdpaPadded(Attention):
             padded = (rows, kd, vd, mask)
 
         def run(q):
+            if q.shape[1] != H:
+                raise ValueError(f"prepared for {H} query heads, given {q.shape[1]}")
             out = torch.empty_like(q)
             for qo_, ql, kk, vv, mask in pre:
                 out[qo_:qo_ + ql] = F.scaled_dot_product_attention(
@@ -417,8 +421,12 @@ class TritonSplitKvDecode(Attention):
         gpad = max(16, 1 << (group - 1).bit_length())
         tk = self.tk
 
+        heads = self.heads
+
         def run(q):
-            out = torch.empty(B, self.heads, D, device=q.device, dtype=q.dtype)
+            if q.shape[1] != heads:
+                raise ValueError(f"prepared for {heads} query heads, given {q.shape[1]}")
+            out = torch.empty(B, heads, D, device=q.device, dtype=q.dtype)
             tk["partial"][(B, Hkv, splits)](q, k, v, starts, lens, mid_o, mid_lse, splits, q.stride(0), q.stride(1),
                                             k.stride(0), k.stride(1), scale, GROUP=group, GROUP_PAD=gpad, D=D,
                                             BLOCK_N=64, SPLITS_PAD=MAX_SPLITS)

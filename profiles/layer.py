@@ -27,6 +27,8 @@ class Layer:
         self.max_ctx = max_ctx
         if be.engine:
             torch = be.torch
+            for impl in {id(a): a for a in [be.attn] + be.decode_candidates}.values():
+                impl.heads = self.heads      # chosen on a small test batch; this layer's head count from here on
             self.cos, self.sin = be.randn(max_ctx, self.d // 2), be.randn(max_ctx, self.d // 2)
             self.gemm = {name: self._linear(w) for name, w in
                          (("qkv", self.w_qkv), ("o", self.w_o), ("up", self.w_up), ("down", self.w_down))}

@@ -84,6 +84,26 @@ def test_a_candidate_that_fails_or_is_wrong_is_passed_over(monkeypatch):
     assert dict(tried)["broken"].startswith("failed: RuntimeError") and dict(tried)["wrong"].startswith("wrong")
 
 
+def test_kernels_sized_at_prepare_time_take_the_layers_head_count():
+    """Candidates are validated on a 4-head batch; a layer with another head count must re-size them (a kernel left
+    at 4 heads would time a quarter of the work)."""
+    from profiles.backends import make_backend
+    from profiles.layer import Layer
+    from costmodels.catalog import get_model
+    be = make_backend("cpu", "torch", "engine", attention="sdpa-padded")
+    model = get_model("llama-2-7b")
+    small = type(model)(**{**model.__dict__, "name": "two-layer", "layers": 2, "hidden": 512, "heads": 8,
+                           "kv_heads": 8, "ffn": 64, "vocab": 64})
+    layer = Layer(small, 1, be, 64)
+    b, run, _ = layer.packed(([], []), [3, 9])
+    q = be.randn(b.total_q, 8, small.head_dim)
+    assert be.attn.heads == 8
+    assert torch.allclose(run(q), E.reference_attention(torch, q, layer.kcache[:b.total_k], layer.vcache[:b.total_k], b),
+                          atol=1e-5)
+    with pytest.raises(ValueError, match="prepared for 8 query heads"):
+        run(be.randn(b.total_q, 4, small.head_dim))
+
+
 def test_race_on_a_cpu_keeps_the_first_working_candidate():
     b, q, k, v = _batch(prefill=([], []))
     ok, _ = E.working_attentions(torch, "cpu", torch.float32)
