@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from itertools import accumulate
 
 # Attention, fastest first. Each is tried on a small mixed batch (a prompt, a chunk with context, decodes; grouped KV
 # heads) and kept only if it runs and matches a float32 reference.
@@ -30,17 +31,10 @@ class PackedBatch:
         self.q_lens = list(chunks) + [1] * len(decode)
         self.k_lens = [c + k for c, k in zip(chunks, ctxs)] + list(decode)
         self.contexts = list(ctxs) + [m - 1 for m in decode]
-        cum = lambda xs: torch.tensor([0] + list(_accumulate(xs)), dtype=torch.int32, device=device)  # noqa: E731
+        cum = lambda xs: torch.tensor([0, *accumulate(xs)], dtype=torch.int32, device=device)  # noqa: E731
         self.cu_q, self.cu_k = cum(self.q_lens), cum(self.k_lens)
         self.max_q, self.max_k = max(self.q_lens), max(self.k_lens)
         self.total_q, self.total_k = sum(self.q_lens), sum(self.k_lens)
-
-
-def _accumulate(xs):
-    s = 0
-    for x in xs:
-        s += x
-        yield s
 
 
 class Attention:
