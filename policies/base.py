@@ -129,9 +129,11 @@ class Policy:
 POLICIES: dict[str, tuple[type, dict, str]] = {}
 
 
-def register_policy(name: str, cls: type, summary: str, **preset_knobs: Any) -> None:
-    """Register a named policy: a class and the knob values that make it this preset."""
-    POLICIES[name] = (cls, preset_knobs, summary)
+def register_policy(name: str, cls: type, summary: str, replace: bool = False, **preset_knobs: Any) -> None:
+    """Register a named policy: a class and the knob values that make it this preset. A name already taken is
+    refused unless replace=True (then the run says it replaced one)."""
+    from costmodels.registry import register
+    register(POLICIES, name, (cls, preset_knobs, summary), "policy", replace)
 
 
 def build_policy(spec: dict, where: str = "policy") -> Policy:

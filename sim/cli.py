@@ -177,13 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_policies)
     for mod in PLUGINS:
         importlib.import_module(mod).register(sub)
+    from sim.options import check_numeric_options
+    check_numeric_options(p)             # every int/float option: finite, in range, one line when not
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
         load_extensions()          # SERVESIM_EXTENSIONS: user policies, workloads, GPUs, models
+        from sim.scenario.extensions import REPLACEMENTS
+        for note in REPLACEMENTS:
+            print(f"servesim: note: {note}", file=sys.stderr)
         return args.func(args)
     except UserError as e:
         return _fail(str(e))

@@ -134,7 +134,8 @@ def cmd_plan(args) -> int:
     if args.out:
         output_dir(args.out, create=False)      # fail before the search, not after
     raw = scn.to_dict()
-    seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [scn.seed]
+    from sim.options import int_list
+    seeds = int_list(args.seeds, "plan --seeds", minimum=0) if args.seeds else [scn.seed]
     planner = Planner(raw, str(args.scenario), args.rate, args.slo_attainment, seeds, args.metric,
                       args.max_replicas, args.jobs, args.dask)
     ans = planner.search()

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from costmodels.errors import UserError
+from costmodels.values import describe, finite
 from sim.metrics import SLO
 
 
@@ -111,25 +112,21 @@ def _coerce(value, typ, where):
             return value
         raise UserError(f"{where}: expected true or false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
-            raise UserError(f"{where}: expected an integer, got {value!r}")
         if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, int):
-            return value
-        raise UserError(f"{where}: expected an integer, got {value!r}")
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return finite(value, where, "an integer")
+        raise UserError(f"{where}: expected an integer, got {describe(value)}")
     if typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise UserError(f"{where}: expected a number, got {value!r}")
+        return float(finite(value, where))
     if typ is str:
         if isinstance(value, str):
             return value
-        raise UserError(f"{where}: expected a string, got {value!r}")
+        raise UserError(f"{where}: expected a string, got {describe(value)}")
     if typ is dict:
         if isinstance(value, dict):
             return value
-        raise UserError(f"{where}: expected a mapping, got {value!r}")
+        raise UserError(f"{where}: expected a mapping, got {describe(value)}")
     return value
 
 
@@ -313,6 +310,28 @@ def _check_ranges(scn: Scenario) -> None:
                 raise UserError(f"{where}.{k}: a latency target must be > 0 seconds (or null for none), got {v!r}")
 
 
+# Keys that select something by name anywhere in a scenario (policy.name, workload.kind, arrival.process, a length
+# distribution's dist, a preset, a trace format, a GPU): one string, never a list or a mapping.
+NAME_KEYS = ("name", "kind", "process", "dist", "preset", "format", "gpu")
+
+
+def check_values(node, where: str = "") -> None:
+    """Every value of a raw scenario, before anything reads it: numbers finite and within int64, selector names
+    strings. The path in a message is the one the user wrote (a list item as [i])."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            path = f"{where}.{k}" if where else str(k)
+            if k in NAME_KEYS and v is not None and not isinstance(v, (str, dict)):
+                from costmodels.values import name
+                name(v, path)
+            check_values(v, path)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_values(v, f"{where}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        finite(node, where or "value")
+
+
 def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
     raw = dict(raw or {})
     defaults = Scenario()
@@ -322,7 +341,9 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
         keys = [str(o).split("=", 1)[0].strip() for o in overrides or ()]
         if sec not in raw and any(k.startswith(sec + ".") or (sec == "policy" and k in POLICY_ALIASES) for k in keys):
             raw[sec] = copy.deepcopy(getattr(defaults, sec))
-    raw = canonical_names(apply_overrides(raw, overrides))
+    raw = apply_overrides(raw, overrides)
+    check_values(raw)
+    raw = canonical_names(raw)
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
     for sec in ("policy", "workload", "costmodel", "cluster"):
