@@ -89,7 +89,8 @@ def cmd_run(args) -> int:
         cols = ["replica", "pool", "gpu", "gpus", "routed", "completed", "utilization", "ttft_p99", "kv_util_mean"]
         per = res.tables["replicas"]
         shown = per if len(per) <= MAX_REPLICA_LINES else per.nlargest(MAX_REPLICA_LINES, "routed").sort_index()
-        print(shown[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        from sim.metrics.units import with_units
+        print(with_units(shown[cols]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         if len(shown) < len(per):
             idle = int((per["routed"] == 0).sum())
             print(f"  ... {len(per) - len(shown)} more replicas not shown ({idle} of all {len(per)} got no request); "

@@ -142,7 +142,8 @@ def cmd_plan(args) -> int:
     evals = pd.DataFrame(planner.rows)
     if len(evals):
         show = evals.assign(layout=evals["layout"].map(lambda lay: ":".join(map(str, lay))))
-        print(show[["layout", "seed", "gpus", "attainment", "ttft_p99", "tpot_mean"]]
+        from sim.metrics.units import with_units
+        print(with_units(show[["layout", "seed", "gpus", "attainment", "ttft_p99", "tpot_mean"]])
               .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if ans["status"] == "ok":
         split = f" ({ans['prefill']} prefill : {ans['decode']} decode)" if ans["disaggregated"] else ""

@@ -487,7 +487,8 @@ def _show(table: pd.DataFrame, spec: SweepSpec, show: str) -> None:
     axes = [a.key for a in spec.axes if a.key in table.columns]
     view = table[axes + cols].head(SHOW_MAX_ROWS)
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
-        print(view.to_string(index=False))
+        from sim.metrics.units import with_units
+        print(with_units(view).to_string(index=False))
     if len(table) > SHOW_MAX_ROWS:
         print(f"... {len(table) - SHOW_MAX_ROWS} more rows in results.csv")
 

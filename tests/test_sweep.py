@@ -216,7 +216,9 @@ def test_cli_sweep_and_sweep_files(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "results.csv")
     assert list(df["memory.M"]) == [2000, 4000] and (df["requests"] == 8).all()
     shown = capsys.readouterr().out.splitlines()          # the per-point table printed after the sweep
-    assert shown[1].split() == ["memory.M", "tps", "ttft_p50", "ttft_p99", "tpot_p99", "slo_attainment", "evictions"]
+    assert [c.strip() for c in shown[1].split("  ") if c.strip()] == [      # every column with its unit
+        "memory.M (tokens)", "tps (tokens/s)", "ttft_p50 (s)", "ttft_p99 (s)", "tpot_p99 (s/token)",
+        "slo_attainment (fraction)", "evictions (count)"]
     assert [line.split()[0] for line in shown[2:4]] == ["2000", "4000"]
     base = ["sweep", str(REPO / "examples/infermax-default.yaml"), "--grid", "memory.M=2e3,4e3", "--set",
             "workload.num_requests=8", "--set", "workload.output=4", "--out", str(tmp_path), "--no-progress"]
