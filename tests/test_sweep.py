@@ -216,7 +216,7 @@ def test_cli_sweep_and_sweep_files(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "results.csv")
     assert list(df["memory.M"]) == [2000, 4000] and (df["requests"] == 8).all()
     shown = capsys.readouterr().out.splitlines()          # the per-point table printed after the sweep
-    assert [c.strip() for c in shown[1].split("  ") if c.strip()] == [      # every column with its unit
+    assert re.findall(r"\S+ \([^)]*\)|\S+", shown[1]) == [      # every column with its unit
         "memory.M (tokens)", "tps (tokens/s)", "ttft_p50 (s)", "ttft_p99 (s)", "tpot_p99 (s/token)",
         "slo_attainment (fraction)", "evictions (count)"]
     assert [line.split()[0] for line in shown[2:4]] == ["2000", "4000"]
