@@ -70,3 +70,44 @@ def describe(value) -> str:
     if isinstance(value, dict):
         return f"a mapping {text}"
     return text
+
+
+def typed(value, annotation, where: str, default=None):
+    """`value` checked against a dataclass field's annotation (int, float, bool, str, or Optional of one): the
+    right kind, finite, within int64; an integral float for an int becomes the int. Other annotations pass as
+    given (their owner checks them). None passes where the annotation or the field's default allows it."""
+    import types as _types
+    import typing
+    origin = typing.get_origin(annotation)
+    optional = default is None
+    if origin is typing.Union or origin is _types.UnionType:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = optional or len(args) < len(typing.get_args(annotation))
+        if len(args) != 1:
+            return value
+        annotation = args[0]
+    if annotation not in (int, float, bool, str):
+        return value
+    if value is None:
+        if optional:
+            return None
+        raise UserError(f"{where}: expected {_WHAT[annotation]}, got nothing (null)")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: expected true or false, got {describe(value)}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{where}: expected a string, got {describe(value)}")
+    if annotation is int:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            if is_number(value) and math.isfinite(value):
+                raise UserError(f"{where}: expected an integer, got {value!r}")
+        return finite(value, where, "an integer")
+    return finite(value, where, "a number")
+
+
+_WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

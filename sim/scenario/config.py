@@ -276,6 +276,8 @@ def _canonical_policy(spec: dict, where: str, fallback_name):
     return spec if cls is None else translate_policy(spec, cls, where, name)
 
 
+MAX_GIB = 1e6       # GiB of memory on one server (a petabyte): past it a size means nothing and overflows counts
+
 # Ranges of the typed fields: (section, field, test, what is allowed). The free-form sections (policy, costmodel,
 # workload) check their own keys and values where they are built.
 _RANGES = (
@@ -283,10 +285,11 @@ _RANGES = (
     ("model", "max_model_len", lambda v: v is None or v >= 1, "an integer >= 1 (or null: the model's context)"),
     ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
-    ("memory", "activation_reserve_gib", lambda v: v is None or v >= 0, ">= 0 or null"),
-    ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
-    ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
+    ("memory", "swap_space_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 and <= {MAX_GIB:.0e} GiB"),
+    ("memory", "activation_reserve_gib", lambda v: v is None or 0 <= v <= MAX_GIB,
+     f">= 0 and <= {MAX_GIB:.0e} GiB, or null"),
+    ("memory", "cpu_offload_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 (0 = no CPU tier) and <= {MAX_GIB:.0e} GiB"),
+    ("hardware", "host_memory_gib", lambda v: 0 < v <= MAX_GIB, f"> 0 and <= {MAX_GIB:.0e} GiB"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
 )
