@@ -58,6 +58,11 @@ def data_dir(given=None) -> Path:
 def load_experiments(folder: Path):
     import pandas as pd
     from sim.scenario.yamlio import load, read_text
+    path = folder / "workloads.yaml"
+    doc = load(read_text(path, "workloads file"), str(path))
+    workloads = doc.get("workloads", {}) if isinstance(doc, dict) else None
+    if not isinstance(workloads, dict):
+        raise UserError(f"{path}: expected a mapping with `workloads:` (name -> shared_prefix and stages)")
     try:
         exps = pd.read_csv(folder / "experiments.csv", dtype={"exp_id": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
@@ -70,11 +75,6 @@ def load_experiments(folder: Path):
         what = f"no column(s) {', '.join(missing)}" if missing else "no experiments (no rows)"
         raise UserError(f"{folder / 'experiments.csv'}: {what}; it needs one row per deployment with "
                         f"{', '.join(need)} and the measured metrics")
-    path = folder / "workloads.yaml"
-    doc = load(read_text(path, "workloads file"), str(path))
-    workloads = doc.get("workloads", {}) if isinstance(doc, dict) else None
-    if not isinstance(workloads, dict):
-        raise UserError(f"{path}: expected a mapping with `workloads:` (name -> shared_prefix and stages)")
     return exps, workloads
 
 
