@@ -219,3 +219,18 @@ def test_trace_stats_and_cluster_tables_carry_units(capsys, scenario, tmp_path):
     assert main(["run", scenario(CLUSTER)]) == 0
     out = capsys.readouterr().out
     assert "routed (requests)" in out and "ttft_p99 (s)" in out and "kv_util_mean (fraction of M)" in out
+
+
+def test_an_extension_cost_model_returning_nan_or_a_negative_time(monkeypatch):
+    """A cost model is an extension point too: a batch time that is NaN, inf or negative would corrupt the clock."""
+    from sim.cluster.runner import run_scenario
+    from sim.scenario.build import build_simulation
+    from sim.scenario.config import scenario_from_dict
+    import yaml
+    scn = scenario_from_dict(yaml.safe_load(SMALL), ["sim.fast_forward=false"])
+    for bad in (float("nan"), -1.0, float("inf")):
+        sim = build_simulation(scn)
+        monkeypatch.setattr(sim.costmodel, "batch_time", lambda shape, bad=bad: bad)
+        with pytest.raises(UserError, match=r"batch_time returned .* seconds .* must be a finite number >= 0"):
+            sim.run()
+    assert run_scenario(scn).summary["completed"] == 4
