@@ -33,9 +33,8 @@ def check_numeric_options(parser: argparse.ArgumentParser) -> None:
             for sub in set(action.choices.values()):
                 check_numeric_options(sub)
         elif action.type in (int, float):
-            option = action.option_strings[-1] if action.option_strings else action.dest
-            action.type = _number_type(max(action.option_strings, key=len) if action.option_strings else option,
-                                       action.type)
+            option = max(action.option_strings, key=len) if action.option_strings else action.dest   # --jobs, not -j
+            action.type = _number_type(option, action.type)
 
 
 def int_list(text, option: str, minimum: int | None = None) -> list:
