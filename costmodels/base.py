@@ -257,9 +257,10 @@ class CostModel:
 COSTMODELS: dict[str, Callable] = {}
 
 
-def register_costmodel(kind: str):
+def register_costmodel(kind: str, replace: bool = False):
     def deco(builder):
-        COSTMODELS[kind] = builder
+        from costmodels.registry import register
+        register(COSTMODELS, kind, builder, "costmodel", replace)
         return builder
     return deco
 

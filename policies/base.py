@@ -57,6 +57,7 @@ class Policy:
         if bad:
             raise UserError(f"{where}: unknown knob(s) {', '.join(bad)} for policy {(name or cls.name)!r}; "
                             f"allowed: {', '.join(sorted(fields))}{policy_hint(cls, name or cls.name)}")
+        knobs = _typed_knobs(cls.Config, knobs, where)
         cfg = cls.Config(**knobs)
         if hasattr(cfg, "validate"):
             cfg.validate(where)
@@ -126,12 +127,27 @@ class Policy:
         """Called after a batch's tokens are committed (policies that learn from completions use it)."""
 
 
+def _typed_knobs(config_cls, knobs: dict, where: str) -> dict:
+    """Each knob checked against its Config field's type (costmodels.values.typed): a list, a mapping, text or a
+    non-finite number where a number belongs is one line naming policy.KNOB, before the policy reads it."""
+    import typing
+    from costmodels.values import typed
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:           # an extension's Config with annotations that do not resolve: its validate() checks
+        return knobs
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    return {k: typed(v, hints[k], f"{where}.{k}", defaults.get(k)) if k in hints else v for k, v in knobs.items()}
+
+
 POLICIES: dict[str, tuple[type, dict, str]] = {}
 
 
-def register_policy(name: str, cls: type, summary: str, **preset_knobs: Any) -> None:
-    """Register a named policy: a class and the knob values that make it this preset."""
-    POLICIES[name] = (cls, preset_knobs, summary)
+def register_policy(name: str, cls: type, summary: str, replace: bool = False, **preset_knobs: Any) -> None:
+    """Register a named policy: a class and the knob values that make it this preset. A name already taken is
+    refused unless replace=True (then the run says it replaced one)."""
+    from costmodels.registry import register
+    register(POLICIES, name, (cls, preset_knobs, summary), "policy", replace)
 
 
 def build_policy(spec: dict, where: str = "policy") -> Policy:

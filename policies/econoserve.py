@@ -93,6 +93,11 @@ class EconoServe(Policy):
                     raise UserError(f"{where}.{k}: must be in [0, 1), got {getattr(self, k)}")
             if self.rl_group_granularity < 1:
                 raise UserError(f"{where}.rl_group_granularity: must be >= 1")
+            for k in ("len_bucket", "occ_bucket"):      # bucket widths in tokens: divisors
+                if getattr(self, k) < 1:
+                    raise UserError(f"{where}.{k}: must be an integer >= 1 (tokens), got {getattr(self, k)}")
+            if self.seed < 0:
+                raise UserError(f"{where}.seed: must be an integer >= 0, got {self.seed}")
 
     # -- setup ------------------------------------------------------------------------------------------------
     def bind(self, view):

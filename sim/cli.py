@@ -89,7 +89,8 @@ def cmd_run(args) -> int:
         cols = ["replica", "pool", "gpu", "gpus", "routed", "completed", "utilization", "ttft_p99", "kv_util_mean"]
         per = res.tables["replicas"]
         shown = per if len(per) <= MAX_REPLICA_LINES else per.nlargest(MAX_REPLICA_LINES, "routed").sort_index()
-        print(shown[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        from sim.metrics.units import with_units
+        print(with_units(shown[cols]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         if len(shown) < len(per):
             idle = int((per["routed"] == 0).sum())
             print(f"  ... {len(per) - len(shown)} more replicas not shown ({idle} of all {len(per)} got no request); "
@@ -177,13 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_policies)
     for mod in PLUGINS:
         importlib.import_module(mod).register(sub)
+    from sim.options import check_numeric_options
+    check_numeric_options(p)             # every int/float option: finite, in range, one line when not
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
         load_extensions()          # SERVESIM_EXTENSIONS: user policies, workloads, GPUs, models
+        from sim.scenario.extensions import REPLACEMENTS
+        for note in REPLACEMENTS:
+            print(f"servesim: note: {note}", file=sys.stderr)
         return args.func(args)
     except UserError as e:
         return _fail(str(e))

@@ -74,13 +74,19 @@ def initial_secants(cmax: int, hints, exact_max: int) -> set:
     return ks
 
 
-def solve_highs(model, opt, start, time_limit_s, hints) -> BackendResult:
+def solve_highs(model, opt, start, time_limit_s, hints, node_limit: int = 0) -> BackendResult:
     """HiGHS MILP; c² by chords at integer points, tightened by re-solving with the chord of each violated square
-    until every square is exact (then the optimum is the exact MIQP optimum) or the rounds/time run out."""
+    until every square is exact (then the optimum is the exact MIQP optimum) or the rounds/time run out.
+    node_limit (else opt.node_limit; 0 = none) caps the branch-and-bound nodes of each solve: a budget that gives
+    the same answer on a slow machine as on a fast one, where a time limit does not. x is None when no solution
+    was found within the limits."""
     import highspy
     t0 = time.perf_counter()
+    nodes = node_limit or getattr(opt, "node_limit", 0)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    if nodes:
+        h.setOptionValue("mip_max_nodes", int(nodes))
     h.setOptionValue("mip_rel_gap", float(opt.mip_gap))
     h.setOptionValue("threads", int(max(opt.threads, 1)))
     h.setOptionValue("random_seed", 0)
@@ -161,6 +167,9 @@ def solve_highs(model, opt, start, time_limit_s, hints) -> BackendResult:
 
 
 def _status_name(h, ms) -> str:
+    import highspy
+    if ms in (highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kIterationLimit):
+        return "node_limit"                 # HiGHS reports mip_max_nodes reached as its solution limit
     return h.modelStatusToString(ms).lower().replace(" ", "_")
 
 

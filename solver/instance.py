@@ -35,13 +35,16 @@ class SolverOptions:
     token_cuts: int = 4000             # add token-indexed KV cuts when Σ_i O_i × J is at most this (0 = never)
     heuristic_effort: float = 0.05     # HiGHS mip_heuristic_effort (its default); more finds better schedules sooner
     cut_rounds: int = 8                # HiGHS: re-solves that add the secant of each violated c² (exactness loop)
+    node_limit: int = 0                # > 0: a budget that is the same on any machine: branch-and-bound nodes per
+    #                                    HiGHS solve, states the exact search expands, QPs the skeleton search
+    #                                    solves (0 = none; time_limit_s still applies)
 
     def validate(self, where: str = "solver") -> None:
         if self.objective not in OBJECTIVES:
             raise UserError(f"{where}.objective: {self.objective!r} is not allowed; allowed: {', '.join(OBJECTIVES)}")
         if self.backend not in BACKENDS:
             raise UserError(f"{where}.backend: {self.backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
-        for k in ("C", "P", "R_max", "horizon", "threads", "cut_rounds", "token_cuts"):
+        for k in ("C", "P", "R_max", "horizon", "threads", "cut_rounds", "token_cuts", "node_limit"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise UserError(f"{where}.{k}: must be a non-negative integer, got {v!r}")

@@ -136,7 +136,7 @@ def _resume(md: MilpModel, inst, i: int, t: int, j: int, event) -> int:
     return res
 
 
-def event_bound_ms(inst, J: int, time_limit_s: float) -> float:
+def event_bound_ms(inst, J: int, time_limit_s: float = math.inf, node_limit: int = 0) -> float:
     """A lower bound (ms) on the makespan of every schedule whose token-making batches number at most J: the best
     bound HiGHS proves on the relaxed event model in the time given (nan if it cannot run). With evictions on, the
     larger of that model's bound and min(its eviction-free bound, the analytic bound of schedules that evict in a
@@ -147,28 +147,29 @@ def event_bound_ms(inst, J: int, time_limit_s: float) -> float:
     if md is None:
         return math.nan
     if not inst.options.evictions:
-        return _proved(md, inst, time_limit_s)
+        return _proved(md, inst, time_limit_s, node_limit)
     from solver.bounds import decode_eviction_bound_ms
-    split = min(_proved(packing_model(inst, J, relax=True, evictions=False), inst, time_limit_s / 2),
+    split = min(_proved(packing_model(inst, J, relax=True, evictions=False), inst, time_limit_s / 2, node_limit),
                 decode_eviction_bound_ms(inst))
-    return max(_proved(md, inst, time_limit_s / 2), split)
+    return max(_proved(md, inst, time_limit_s / 2, node_limit), split)
 
 
-def _proved(md, inst, time_limit_s: float) -> float:
-    r = solve_highs(md, inst.options, None, time_limit_s, {})
+def _proved(md, inst, time_limit_s: float, node_limit: int = 0) -> float:
+    r = solve_highs(md, inst.options, None, time_limit_s, {}, node_limit)
     return r.bound if math.isfinite(r.bound) else -math.inf
 
 
-def packing_schedule(inst, J: int, time_limit_s: float, seed: Schedule | None = None,
-                     evictions: bool = False) -> Schedule | None:
-    """The best event packing HiGHS finds in the time given over J batches, as a schedule; None if none. `seed`, an
-    eviction-free schedule of at most J batches, starts it (its token events pack, as it held at least that KV).
-    evictions=True (where the instance allows them) lets the packing evict and refill."""
+def packing_schedule(inst, J: int, time_limit_s: float = math.inf, seed: Schedule | None = None,
+                     evictions: bool = False, node_limit: int = 0) -> Schedule | None:
+    """The best event packing HiGHS finds within the limits over J batches, as a schedule; None if it found none
+    (callers keep what they had). `seed`, an eviction-free schedule of at most J batches, starts it (its token
+    events pack, as it held at least that KV). evictions=True (where the instance allows them) lets the packing
+    evict and refill. node_limit: branch-and-bound nodes (the same answer on any machine); else the time limit."""
     md = packing_model(inst, J, evictions=evictions and inst.options.evictions)
     if md is None:
         return None
     start = _start_from(md, inst, seed, J) if seed is not None else None
-    r = solve_highs(md, inst.options, start, time_limit_s, {})
+    r = solve_highs(md, inst.options, start, time_limit_s, {}, node_limit)
     if r.x is None:
         return None
     on = lambda key: key in md.index and r.x[md.index[key]] > 0.5      # noqa: E731

@@ -36,10 +36,11 @@ MAX_SKELETONS = 1 << 12      # (n − 1)(O − 1) decode batches can carry chunk
 
 @dataclass
 class SerialResult:
-    status: str                 # optimal | gap (bound and incumbent further apart than the tolerance) | time_limit
-    value_ms: float             # the incumbent's exact objective
+    status: str                 # optimal | gap (bound and incumbent further apart than the tolerance) | time_limit |
+    #                             qp_limit
+    value_ms: float             # the incumbent's exact objective (inf if stopped before any)
     bound_ms: float             # proven lower bound over every schedule of the instance
-    schedule: Schedule
+    schedule: Schedule | None   # None: stopped by a limit before any skeleton gave a schedule
     skeletons: int              # QPs solved
     time_s: float
     notes: list = field(default_factory=list)
@@ -225,7 +226,7 @@ class _Skeletons:
         return Schedule(steps)
 
 
-def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf) -> SerialResult:
+def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf, qp_limit: int = 0) -> SerialResult:
     """Every skeleton's QP, with X = 0, 1, … chunk-only batches while X of them could still pay; the least dual
     bound (eviction schedules bounded analytically) and the best rounded schedule. Stopped by the time limit, the
     bound still holds: every skeleton not yet solved has at least the current X chunk-only batches."""
@@ -247,8 +248,8 @@ def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf) -> Ser
                     pruned += math.comb(len(sk.decode_batches), r)
                     continue
                 for carry in itertools.combinations(sk.decode_batches, r):
-                    if time.perf_counter() - t0 > time_limit_s:
-                        stopped = True
+                    if time.perf_counter() - t0 > time_limit_s or (qp_limit and count >= qp_limit):
+                        stopped = "qp_limit" if qp_limit and count >= qp_limit else "time_limit"
                         break
                     bound, primal = sk.solve_qp(carry, extra)
                     count += 1
@@ -267,7 +268,8 @@ def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf) -> Ser
             X += 1
     more = sk.fixed_ms + X * (T.base + T.pbase)        # every schedule with X or more chunk-only batches
     notes = [f"{count} chunk-size QPs (HiGHS) over skeletons with up to {X - (not stopped)} chunk-only batch(es); "
-             f"{pruned} skeletons cut by their loosest relaxation" + ("; stopped at the time limit" if stopped else "")]
+             f"{pruned} skeletons cut by their loosest relaxation"
+             + (f"; stopped at the {stopped.replace('_', ' ')}" if stopped else "")]
     bound_ms = min(best_bound, more)
     if inst.options.evictions:
         evicting = decode_eviction_bound_ms(inst)
@@ -276,5 +278,5 @@ def solve_serial(inst, tol: float = 1e-6, time_limit_s: float = math.inf) -> Ser
         bound_ms = min(bound_ms, evicting)
     bound_ms = min(bound_ms, incumbent)
     proven = math.isfinite(incumbent) and incumbent - bound_ms <= tol * incumbent
-    status = "optimal" if proven else ("time_limit" if stopped else "gap")
+    status = "optimal" if proven else (stopped or "gap")
     return SerialResult(status, incumbent, bound_ms, best_sched, count, time.perf_counter() - t0, notes)

@@ -213,7 +213,7 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         yes, why_serial = serial_applies(inst)
         if yes:
             budget = opt.time_limit_s if opt.backend == "serial" else SEARCH_SHARE * opt.time_limit_s
-            sr = solve_serial(inst, PROVEN_GAP, budget)
+            sr = solve_serial(inst, PROVEN_GAP, budget, opt.node_limit)
             notes += [f"skeleton decomposition: {note}" for note in sr.notes]
             notes.append(f"skeleton decomposition: {sr.status} in {sr.time_s:.2f} s")
             if sr.status == "optimal" or opt.backend == "serial":
@@ -236,7 +236,8 @@ def solve(inst, presets: list | None = None, log=None) -> OptimalResult:
         if yes:
             budget = opt.time_limit_s if opt.backend == "search" else SEARCH_SHARE * opt.time_limit_s
             upper = best_any.value_s * 1e3 if best_any is not None else math.inf
-            sr = search(inst, upper_ms=upper, time_limit_s=budget)
+            sr = search(inst, upper_ms=upper, time_limit_s=budget, **({"node_limit": opt.node_limit}
+                                                                        if opt.node_limit else {}))
             notes.append(f"exact search: {sr.status} after {sr.expanded} states in {sr.time_s:.2f} s")
             if sr.status == "optimal" or (sr.status == "no_better" and best_any is not None):
                 sched = sr.schedule if sr.status == "optimal" else best_any.schedule

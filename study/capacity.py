@@ -169,9 +169,10 @@ def cmd_capacity(args) -> int:
     table, ev, per_policy = run_capacity(base, source, policies, seeds, args.slo_attainment, args.metric,
                                          jobs=args.jobs, dask=args.dask, target_rate=args.target_rate, **opts)
     with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(table.drop(columns=["metric"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        from sim.metrics.units import with_units
+        print(with_units(table.drop(columns=["metric"])).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
-        print(per_policy.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(with_units(per_policy).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     out = output_dir(args.out or Path("out") / "capacity" / name)
     write_table(table, out / "capacity.csv")
     write_table(ev, out / "evaluations.csv")

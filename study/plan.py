@@ -134,14 +134,16 @@ def cmd_plan(args) -> int:
     if args.out:
         output_dir(args.out, create=False)      # fail before the search, not after
     raw = scn.to_dict()
-    seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [scn.seed]
+    from sim.options import int_list
+    seeds = int_list(args.seeds, "plan --seeds", minimum=0) if args.seeds else [scn.seed]
     planner = Planner(raw, str(args.scenario), args.rate, args.slo_attainment, seeds, args.metric,
                       args.max_replicas, args.jobs, args.dask)
     ans = planner.search()
     evals = pd.DataFrame(planner.rows)
     if len(evals):
         show = evals.assign(layout=evals["layout"].map(lambda lay: ":".join(map(str, lay))))
-        print(show[["layout", "seed", "gpus", "attainment", "ttft_p99", "tpot_mean"]]
+        from sim.metrics.units import with_units
+        print(with_units(show[["layout", "seed", "gpus", "attainment", "ttft_p99", "tpot_mean"]])
               .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if ans["status"] == "ok":
         split = f" ({ans['prefill']} prefill : {ans['decode']} decode)" if ans["disaggregated"] else ""

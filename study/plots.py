@@ -49,7 +49,27 @@ def read_table(path) -> pd.DataFrame:
                 break
     if not path.exists():
         raise UserError(f"{path}: no such table (give a results.csv, a sweep/capacity directory, or a run directory)")
-    return pd.read_csv(path)
+    from sim.scenario.yamlio import read_text
+    read_text(path, "table")                    # a directory, an empty or binary file: one line
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise UserError(f"{path}: not a readable CSV table ({str(e).splitlines()[0]})") from None
+    if df.empty:
+        raise UserError(f"{path}: has no rows (columns: {', '.join(map(str, df.columns)) or 'none'}); nothing to plot")
+    return df
+
+
+def results_table(path, kind: str) -> pd.DataFrame:
+    """A sweep's results.csv or a capacity search's evaluations.csv; a run's tables or any other file are named as
+    what they are, not reported as missing columns or rows."""
+    df = read_table(path)
+    if not ({"point", "status"} <= set(df.columns) or {"rate", "policy"} <= set(df.columns)):
+        cols = ", ".join(map(str, df.columns[:8])) + (", ..." if len(df.columns) > 8 else "")
+        raise UserError(f"{path}: is not a sweep or capacity results table (its columns: {cols}); plot {kind} reads "
+                        "the results.csv of `servesim sweep` or the evaluations.csv of `servesim capacity` (a run's "
+                        "tables go to plot cdf and plot timeline)")
+    return df
 
 
 def sweep_axes(results_path) -> list:
@@ -355,7 +375,7 @@ def cmd_plot(args) -> int:
     if kind in ("metric", "attainment"):
         if len(args.inputs) != 1:
             raise UserError(f"plot {kind}: give one results table (results.csv, a sweep or capacity directory)")
-        df = apply_where(read_table(args.inputs[0]), args.where)
+        df = apply_where(results_table(args.inputs[0], kind), args.where)
         if "rate" in df.columns and args.x == "workload.rate" and "workload.rate" not in df.columns:
             df = df.rename(columns={"rate": "workload.rate"})   # a capacity evaluations.csv
         hue = _csv_list(args.hue) if args.hue else ["policy"] + [a for a in sweep_axes(args.inputs[0])

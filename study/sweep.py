@@ -232,6 +232,37 @@ def _check_free_form_keys(spec: SweepSpec, scn) -> None:
                 raise UserError(f"{spec.source}: {e}") from None
 
 
+def check_points(spec: SweepSpec, points: list) -> None:
+    """Build every point (its replicas and its workload) before the first run; one line naming the first invalid
+    point and how many there are. Points that differ only in seed (or only in workload) share one check."""
+    from sim.cluster.runner import check_scenario
+    from sim.scenario.build import build_section
+    seen_build, seen_workload, bad = {}, {}, []
+    for pt in points:
+        scn = scenario_from_dict(pt.raw, source=spec.source)
+        rest = {k: v for k, v in pt.raw.items() if k not in ("seed", "workload", "name")}
+        checks = ((seen_build, json.dumps(_canonical(rest), sort_keys=True, default=str),
+                   lambda: check_scenario(scn, requests=[])),
+                  (seen_workload, json.dumps(_canonical(pt.raw.get("workload")), sort_keys=True, default=str),
+                   lambda: build_section(scn, "workload")))
+        for seen, key, check in checks:
+            if key not in seen:
+                try:
+                    check()
+                    seen[key] = ""
+                except UserError as e:
+                    seen[key] = str(e)
+            if seen[key]:
+                bad.append((pt, seen[key]))
+                break
+    if bad:
+        pt, why = bad[0]
+        where = ", ".join(f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in pt.values.items())
+        more = f" ({len(bad)} of {len(points)} points are invalid; nothing was run)" if len(bad) > 1 else \
+            " (nothing was run)"
+        raise UserError(f"{spec.source}: grid point {pt.index} ({where}): {why}{more}")
+
+
 # -- one run ----------------------------------------------------------------------------------------------------
 def _plain(v):
     if isinstance(v, float) and not math.isfinite(v):
@@ -335,10 +366,13 @@ class SweepOutcome:
 
 
 def run_sweep(spec: SweepSpec, out_dir, jobs: int = 1, dask: str | None = None, progress: bool | None = None,
-              retry_errors: bool = False, keep_runs: bool = False, on_point=None) -> SweepOutcome:
-    """Run every point not already in the store; write each as it finishes; assemble the results table."""
+              retry_errors: bool = False, keep_runs: bool = False, on_point=None, points=None) -> SweepOutcome:
+    """Run every point not already in the store; write each as it finishes; assemble the results table. `points`:
+    the grid already expanded and checked (check_points); else both are done here."""
     t0 = time.perf_counter()
-    points = expand(spec)
+    if points is None:
+        points = expand(spec)
+        check_points(spec, points)          # an invalid point stops the sweep before the first run
     store = PointStore(out_dir)
     _write_manifest(store.out, spec, len(points))
     records, todo = {}, []
@@ -413,12 +447,14 @@ def cmd_sweep(args) -> int:
     out = output_dir(args.out or Path("out") / "sweeps" / spec.name)
     if args.jobs < 1:
         raise UserError(f"--jobs: must be >= 1, got {args.jobs}")
-    n = math.prod(len(a.values) for a in spec.axes)
+    points = expand(spec)
+    check_points(spec, points)          # before anything is printed or run: an invalid point is the one line
+    n = len(points)
     print(f"sweep {spec.name}: {n} points over {', '.join(f'{a.key}({len(a.values)})' for a in spec.axes)} "
           f"-> {out}", file=sys.stderr)
     try:
         res = run_sweep(spec, out, jobs=args.jobs, dask=args.dask, progress=args.progress,
-                        retry_errors=args.retry_errors, keep_runs=args.keep_runs)
+                        retry_errors=args.retry_errors, keep_runs=args.keep_runs, points=points)
     except SweepInterrupted as e:
         o = e.outcome
         print(f"servesim: sweep interrupted; {len(o.table)}/{n} points stored in {o.out_dir}; "
@@ -431,6 +467,7 @@ def cmd_sweep(args) -> int:
         bad = res.table[res.table["status"] == "error"]
         for _, r in bad.head(5).iterrows():
             print(f"  error at point {r['point']}: {r['error']}", file=sys.stderr)
+        return 1                            # some points failed while running: not a clean sweep
     return 0
 
 
@@ -450,7 +487,8 @@ def _show(table: pd.DataFrame, spec: SweepSpec, show: str) -> None:
     axes = [a.key for a in spec.axes if a.key in table.columns]
     view = table[axes + cols].head(SHOW_MAX_ROWS)
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
-        print(view.to_string(index=False))
+        from sim.metrics.units import with_units
+        print(with_units(view).to_string(index=False))
     if len(table) > SHOW_MAX_ROWS:
         print(f"... {len(table) - SHOW_MAX_ROWS} more rows in results.csv")
 

@@ -30,11 +30,13 @@ def cmd_stats(args) -> int:
     if args.json:
         print(json.dumps(st, indent=2))
         return 0
+    from sim.metrics.units import column_unit
     w = max(map(len, st))
     print(f"{args.file}")
     for k, v in st.items():
         text = f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
-        print(f"  {k:<{w}}  {text}")
+        u = column_unit(k) if text != "nan" else ""
+        print(f"  {k:<{w}}  {text:<10}" + (f" {u}" if u else ""))
     return 0
 
 

@@ -57,9 +57,24 @@ def data_dir(given=None) -> Path:
 
 def load_experiments(folder: Path):
     import pandas as pd
-    import yaml
-    exps = pd.read_csv(folder / "experiments.csv", dtype={"exp_id": str})
-    workloads = (yaml.safe_load((folder / "workloads.yaml").read_text()) or {}).get("workloads", {})
+    from sim.scenario.yamlio import load, read_text
+    path = folder / "workloads.yaml"
+    doc = load(read_text(path, "workloads file"), str(path))
+    workloads = doc.get("workloads", {}) if isinstance(doc, dict) else None
+    if not isinstance(workloads, dict):
+        raise UserError(f"{path}: expected a mapping with `workloads:` (name -> shared_prefix and stages)")
+    try:
+        exps = pd.read_csv(folder / "experiments.csv", dtype={"exp_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise UserError(f"{folder / 'experiments.csv'}: not a readable CSV table ({str(e).splitlines()[0]})") \
+            from None
+    need = ("exp_id", "hf_model", "hardware", "workload", "tp", "gpu_memory_utilization", "max_num_batched_tokens",
+            "max_num_seqs", "vllm_kv_blocks_gpu", "vllm_kv_blocks_cpu")
+    missing = [c for c in need if c not in exps.columns]
+    if missing or not len(exps):
+        what = f"no column(s) {', '.join(missing)}" if missing else "no experiments (no rows)"
+        raise UserError(f"{folder / 'experiments.csv'}: {what}; it needs one row per deployment with "
+                        f"{', '.join(need)} and the measured metrics")
     return exps, workloads
 
 

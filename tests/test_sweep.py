@@ -161,7 +161,23 @@ def test_dask_missing_gives_one_clear_line(tmp_path, monkeypatch):
         run_sweep(spec(Axis("seed", [0])), tmp_path, dask="local", progress=False)
 
 
-def test_a_failing_point_is_recorded_and_the_rest_complete(tmp_path):
+def test_an_invalid_grid_point_stops_the_sweep_before_the_first_run(tmp_path):
+    sp = spec(Axis("policy.name", ["vllm", "no-such-policy", "sarathi"]))
+    with pytest.raises(UserError, match=r"grid point 1 \(policy.name=no-such-policy\): policy.name: unknown policy"):
+        run_sweep(sp, tmp_path, jobs=1, progress=False)
+    assert not list((tmp_path / "points").glob("*.json"))
+    with pytest.raises(UserError, match=r"grid point 0 \(cluster.replicas=0\): cluster.replicas: must be an integer"
+                                        r" >= 1.*nothing was run"):
+        run_sweep(spec(Axis("cluster.replicas", [0, 1])), tmp_path, progress=False)
+    with pytest.raises(UserError, match=r"grid point 0 .*2 of 3 points are invalid"):
+        run_sweep(spec(Axis("workload.num_requests", [0, -1, 2])), tmp_path, progress=False)
+
+
+def test_a_point_failing_while_it_runs_is_recorded_and_the_rest_complete(tmp_path, monkeypatch):
+    """A point that passes the check can still fail in its run (a stuck policy, say): that is data, kept per point.
+    The check is switched off here so that a bad policy name stands for such a failure."""
+    import study.sweep as sweep_mod
+    monkeypatch.setattr(sweep_mod, "check_points", lambda spec, points: None)
     sp = spec(Axis("policy.name", ["vllm", "no-such-policy", "sarathi"]))
     res = run_sweep(sp, tmp_path, jobs=1, progress=False)
     df = res.table
@@ -200,7 +216,9 @@ def test_cli_sweep_and_sweep_files(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "results.csv")
     assert list(df["memory.M"]) == [2000, 4000] and (df["requests"] == 8).all()
     shown = capsys.readouterr().out.splitlines()          # the per-point table printed after the sweep
-    assert shown[1].split() == ["memory.M", "tps", "ttft_p50", "ttft_p99", "tpot_p99", "slo_attainment", "evictions"]
+    assert re.findall(r"\S+ \([^)]*\)|\S+", shown[1]) == [      # every column with its unit
+        "memory.M (tokens)", "tps (tokens/s)", "ttft_p50 (s)", "ttft_p99 (s)", "tpot_p99 (s/token)",
+        "slo_attainment (fraction)", "evictions (count)"]
     assert [line.split()[0] for line in shown[2:4]] == ["2000", "4000"]
     base = ["sweep", str(REPO / "examples/infermax-default.yaml"), "--grid", "memory.M=2e3,4e3", "--set",
             "workload.num_requests=8", "--set", "workload.output=4", "--out", str(tmp_path), "--no-progress"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodels import values
 from costmodels.errors import UserError
 
 
@@ -10,9 +11,13 @@ def _positive(spec, key, where, default=None) -> float:
     if key not in spec and default is None:
         raise UserError(f"{where}: missing {key!r}")
     v = spec.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise UserError(f"{where}.{key}: must be a number > 0, got {v!r}")
-    return float(v)
+    if key == "rate":                   # requests/s: no slower than one per MAX_GAP_S, or times lose precision
+        return values.rate(v, f"{where}.{key}")
+    if key.endswith("_s"):
+        return values.seconds(v, f"{where}.{key}")
+    if not values.is_number(v) or not v > 0:
+        raise UserError(f"{where}.{key}: must be a number > 0, got {values.describe(v)}")
+    return float(values.finite(v, f"{where}.{key}"))
 
 
 def offline(n, rng, spec, where):
@@ -43,7 +48,7 @@ def onoff(n, rng, spec, where):
     Drawn by thinning a Poisson process at the peak rate, so any off_rate ≤ rate is exact."""
     on_rate = _positive(spec, "rate", where)
     on_s, off_s = _positive(spec, "on_s", where), _positive(spec, "off_s", where)
-    off_rate = float(spec.get("off_rate", 0.0))
+    off_rate = float(values.finite(spec.get("off_rate", 0.0), f"{where}.off_rate", "a rate in requests/s"))
     if not 0 <= off_rate <= on_rate:
         raise UserError(f"{where}.off_rate: must be between 0 and rate={on_rate}, got {off_rate}")
     period = on_s + off_s
@@ -84,8 +89,7 @@ def mean_rate(arrivals: np.ndarray) -> float:
 
 def scale_to_rate(arrivals: np.ndarray, target_rate: float, where: str = "rate") -> np.ndarray:
     """Stretch or compress time so the mean rate becomes `target_rate`; gap ratios (the burst shape, CV) are kept."""
-    if not target_rate > 0:
-        raise UserError(f"{where}: target rate must be > 0 requests/s, got {target_rate}")
+    target_rate = values.rate(target_rate, where)
     current = mean_rate(arrivals)
     if not np.isfinite(current):
         raise UserError(f"{where}: cannot time-scale a trace whose requests all arrive at once")

@@ -39,10 +39,21 @@ GENERIC = ("csv", "jsonl")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
+def is_jsonl(path: Path) -> bool:
+    """JSON Lines by its suffix, or by its first non-blank line opening a JSON object (whatever the suffix)."""
+    if path.suffix in JSONL_SUFFIXES:
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return line.lstrip().startswith("{")
+    return False
+
+
 def detect_format(path: Path) -> str:
     """Guess the format from the header (CSV) or the first object's keys (JSONL)."""
-    if path.suffix in JSONL_SUFFIXES:
-        raw, _ = read_raw(path, "jsonl")
+    if is_jsonl(path):
+        raw, _ = read_raw(path, "jsonl")        # an invalid line is named as such, not as a missing column
         cols = set(raw.columns)
     else:
         with open(path, encoding="utf-8", errors="replace") as f:   # open_user_file has checked the text
@@ -68,7 +79,7 @@ def load_trace(path, format: str = "auto", columns: dict | None = None, time_uni
     if format in FORMATS:
         fmt, mapping, unit, _ = FORMATS[format]
         mapping = {**mapping, **(columns or {})}
-        if detected and p.suffix in JSONL_SUFFIXES:
+        if detected and is_jsonl(p):
             fmt = "jsonl"         # a format's columns recognised in a JSON-lines file: read it as one
     elif format in GENERIC:
         fmt, unit = format, "s"

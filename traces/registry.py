@@ -15,9 +15,12 @@ OPTIONAL_COLUMNS = ("cls", "predicted_output_tokens", "session", "prefix_hashes"
 WORKLOADS: dict[str, Callable] = {}
 
 
-def register_workload(kind: str):
+def register_workload(kind: str, replace: bool = False):
+    """Decorator: `builder(spec, rng, where)` makes `kind:` workloads; a kind already taken is refused unless
+    replace=True."""
     def deco(builder):
-        WORKLOADS[kind] = builder
+        from costmodels.registry import register
+        register(WORKLOADS, kind, builder, "workload", replace)
         return builder
     return deco
 

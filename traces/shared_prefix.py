@@ -101,6 +101,9 @@ def shared_prefix(spec, rng, where):
     if not isinstance(multi, bool):
         raise UserError(f"{where}.enable_multi_turn_chat: expected true or false, got {multi!r}")
     max_len = _int(spec, "max_model_len", where, 4096)
+    if "stages" in spec and not spec["stages"]:
+        raise UserError(f"{where}.stages: the list is empty; give at least one {{rate, duration}} stage, or leave "
+                        "stages out and give arrival + num_requests")
     if "stages" in spec and ("arrival" in spec or "num_requests" in spec):
         raise UserError(f"{where}: give stages (inference-perf's constant load) or arrival + num_requests, not both")
     if "stages" in spec:

@@ -41,10 +41,17 @@ def requests_table(arrivals, spec, rng, where) -> pd.DataFrame:
     return df
 
 
-def _count(spec, where, default):
-    n = spec.get("num_requests", default)
+MAX_REQUESTS = 10 ** 9     # a request table row costs ~100 bytes; past this no machine holds the run
+
+
+def _count(spec, where, default, key: str = "num_requests"):
+    n = spec.get(key, default)
+    if isinstance(n, float) and n.is_integer() and abs(n) <= MAX_REQUESTS:
+        n = int(n)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise UserError(f"{where}.num_requests: expected an integer >= 1, got {n!r}")
+        raise UserError(f"{where}.{key}: expected an integer >= 1, got {n!r}")
+    if n > MAX_REQUESTS:
+        raise UserError(f"{where}.{key}: {n} requests is more than the {MAX_REQUESTS:.0e} a run can hold")
     return n
 
 

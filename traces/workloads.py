@@ -37,7 +37,7 @@ def trace(spec, rng, where):
             raise UserError(f"{where}: no requests in the window start_s={start} duration_s={spec.get('duration_s')}")
         df["arrival_s"] -= df["arrival_s"].iloc[0]
     if spec.get("max_requests") is not None:
-        df = df.iloc[: _count({"num_requests": spec["max_requests"]}, f"{where}.max_requests", 1)].copy()
+        df = df.iloc[: _count(spec, where, 1, "max_requests")].copy()
     if spec.get("rate") is not None and spec.get("arrival") is not None:
         raise UserError(f"{where}: give either rate (time-scale the trace) or arrival (replace its timing), not both")
     if spec.get("rate") is not None:

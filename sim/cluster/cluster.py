@@ -55,6 +55,7 @@ class ClusterSpec:
     link: object = None
     layerwise: bool = False
     first_token: str = "decode"
+    where: list = field(default_factory=list)   # each group's place in the YAML (cluster.replicas[1], ...)
 
     @property
     def disaggregated(self) -> bool:
@@ -145,16 +146,32 @@ def parse_cluster(raw: dict) -> ClusterSpec:
         if not isinstance(layerwise, bool):
             raise UserError(f"{where}.disaggregation.layerwise: expected true or false, got {layerwise!r}")
         return ClusterSpec(groups, raw.get("router"), dis.get("decode_router"),
-                           build_link(dis.get("link"), f"{where}.disaggregation.link"), layerwise, first)
+                           build_link(dis.get("link"), f"{where}.disaggregation.link"), layerwise, first,
+                           [f"{where}.disaggregation.{p}" for p in (PREFILL, DECODE)])
     reps = raw.get("replicas", 1)
     if isinstance(reps, list):
         if not reps:
             raise UserError(f"{where}.replicas: an empty list has no replicas; give a count >= 1 or groups")
-        groups = [_group(g, SERVE, f"{where}.replicas[{i}]") for i, g in enumerate(reps)]
+        wheres = [f"{where}.replicas[{i}]" for i in range(len(reps))]
+        groups = [_group(g, SERVE, w) for g, w in zip(reps, wheres)]
     else:
-        groups = [_group(reps, SERVE, f"{where}.replicas")]
+        wheres = [f"{where}.replicas"]
+        groups = [_group(reps, SERVE, wheres[0])]
     _check_fits(groups)
-    return ClusterSpec(groups, raw.get("router"))
+    return ClusterSpec(groups, raw.get("router"), where=wheres)
+
+
+def in_group(message: str, where: str, overrides: dict) -> str:
+    """An error about a field a replica group sets names the group's field (cluster.replicas[1].hardware.gpu), not
+    the scenario's (hardware.gpu), which may be fine."""
+    if not where:
+        return message
+    for sec, over in overrides.items():
+        for key in [*over, ""] if isinstance(over, dict) else [""]:
+            field_ = f"{sec}.{key}" if key else sec
+            if message.startswith(field_ + ":") or message.startswith(field_ + "."):
+                return f"{where}.{message}"
+    return message
 
 
 def replica_scenario(scn: Scenario, overrides: dict) -> Scenario:
@@ -334,8 +351,12 @@ class Cluster:
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.replicas: list = []
         self.groups: list = []
-        for pool, count, overrides in self.spec.groups:
-            group = ReplicaGroup(pool, replica_scenario(scn, overrides))
+        for k, (pool, count, overrides) in enumerate(self.spec.groups):
+            try:
+                group = ReplicaGroup(pool, replica_scenario(scn, overrides))
+            except UserError as e:
+                raise UserError(in_group(str(e), self.spec.where[k] if k < len(self.spec.where) else "", overrides)) \
+                    from None
             self.groups.append(group)
             for _ in range(count):
                 self.replicas.append(ReplicaHandle(len(self.replicas), pool, group.scn, group, self))

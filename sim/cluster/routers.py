@@ -17,8 +17,10 @@ from costmodels.errors import UserError
 ROUTERS: dict = {}
 
 
-def register_router(name: str, cls, summary: str) -> None:
-    ROUTERS[name] = (cls, summary)
+def register_router(name: str, cls, summary: str, replace: bool = False) -> None:
+    """Add a router by name; a name already taken is refused unless replace=True."""
+    from costmodels.registry import register
+    register(ROUTERS, name, (cls, summary), "router", replace)
 
 
 class Router:

@@ -33,3 +33,14 @@ def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     res.meta["memory_text"] = breakdown.describe() if breakdown is not None else "KV M given by memory.M"
     res.summary["wall_s"] = res.meta["wall_s"]
     return res
+
+
+def check_scenario(scn: Scenario, requests=None) -> None:
+    """Build all that a run of `scn` builds, without running it: the replica (or every replica group, its routers
+    and links), so that a bad policy, cost model, memory or cluster setting raises its UserError now. `requests`
+    (a list, possibly empty) skips building the workload, which the caller may check on its own."""
+    if scn.cluster:
+        from sim.cluster.cluster import Cluster
+        Cluster(scn, requests)
+    else:
+        build_simulation(scn, requests)

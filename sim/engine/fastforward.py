@@ -79,6 +79,10 @@ class FastForward:
             if kmax < 1:
                 return None
         dts = sim.costmodel.decode_stretch_times(cached, kmax, last_step=np.minimum(rem, kmax))
+        if not (np.all(dts >= 0) and np.all(np.isfinite(dts))):   # an extension's cost model (see loop._batch_time)
+            from costmodels.errors import UserError
+            raise UserError(f"costmodel: {type(sim.costmodel).__name__}.decode_stretch_times returned a step time "
+                            f"that is not a finite number >= 0 ({dts[~(np.isfinite(dts) & (dts >= 0))][0]!r})")
         bounds = np.empty(kmax + 1)
         bounds[0] = now
         bounds[1:] = dts

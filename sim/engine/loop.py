@@ -9,6 +9,7 @@ import numpy as np
 import simpy
 
 from costmodels.base import BatchShape
+from costmodels.errors import UserError
 from sim.engine.arrivals import ArrivalClock
 from sim.engine.cohort import DecodeCohort
 from sim.errors import SimulationStuck
@@ -261,7 +262,11 @@ class Simulation:
         if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
             shape.kv_bits = kv_bits
             shape.dequant_tokens = sum(dc) + sum(pc)
-        return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
+        dt = self.costmodel.batch_time(shape)
+        if not 0.0 <= dt < math.inf:       # an extension's cost model: NaN, inf or negative would corrupt the clock
+            raise UserError(f"costmodel: {type(self.costmodel).__name__}.batch_time returned {dt!r} seconds for a "
+                            f"batch of {sum(pt) + sum(dc) + batch.cohort} tokens; it must be a finite number >= 0")
+        return dt, sum(pt), len(pt), len(dc) + batch.cohort
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""

@@ -24,9 +24,11 @@ def _bidirectional(memory, costmodel, bidirectional: bool = True):
 KV_LAYOUTS = {"hidden_cache": _hidden_cache, "bidirectional": _bidirectional}
 
 
-def register_layout(name: str, builder) -> None:
-    """Add a layout: builder(memory, costmodel, **knobs) returns the manager the policy runs on."""
-    KV_LAYOUTS[name] = builder
+def register_layout(name: str, builder, replace: bool = False) -> None:
+    """Add a layout: builder(memory, costmodel, **knobs) returns the manager the policy runs on. A name already
+    taken is refused unless replace=True."""
+    from costmodels.registry import register
+    register(KV_LAYOUTS, name, builder, "layout", replace)
 
 
 def build_layout(memory, costmodel, spec):

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from costmodels.errors import UserError
+from costmodels.values import describe, finite
 from sim.metrics import SLO
 
 
@@ -111,25 +112,21 @@ def _coerce(value, typ, where):
             return value
         raise UserError(f"{where}: expected true or false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
-            raise UserError(f"{where}: expected an integer, got {value!r}")
         if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, int):
-            return value
-        raise UserError(f"{where}: expected an integer, got {value!r}")
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return finite(value, where, "an integer")
+        raise UserError(f"{where}: expected an integer, got {describe(value)}")
     if typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise UserError(f"{where}: expected a number, got {value!r}")
+        return float(finite(value, where))
     if typ is str:
         if isinstance(value, str):
             return value
-        raise UserError(f"{where}: expected a string, got {value!r}")
+        raise UserError(f"{where}: expected a string, got {describe(value)}")
     if typ is dict:
         if isinstance(value, dict):
             return value
-        raise UserError(f"{where}: expected a mapping, got {value!r}")
+        raise UserError(f"{where}: expected a mapping, got {describe(value)}")
     return value
 
 
@@ -279,6 +276,8 @@ def _canonical_policy(spec: dict, where: str, fallback_name):
     return spec if cls is None else translate_policy(spec, cls, where, name)
 
 
+MAX_GIB = 1e6       # GiB of memory on one server (a petabyte): past it a size means nothing and overflows counts
+
 # Ranges of the typed fields: (section, field, test, what is allowed). The free-form sections (policy, costmodel,
 # workload) check their own keys and values where they are built.
 _RANGES = (
@@ -286,10 +285,11 @@ _RANGES = (
     ("model", "max_model_len", lambda v: v is None or v >= 1, "an integer >= 1 (or null: the model's context)"),
     ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
-    ("memory", "activation_reserve_gib", lambda v: v is None or v >= 0, ">= 0 or null"),
-    ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
-    ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
+    ("memory", "swap_space_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 and <= {MAX_GIB:.0e} GiB"),
+    ("memory", "activation_reserve_gib", lambda v: v is None or 0 <= v <= MAX_GIB,
+     f">= 0 and <= {MAX_GIB:.0e} GiB, or null"),
+    ("memory", "cpu_offload_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 (0 = no CPU tier) and <= {MAX_GIB:.0e} GiB"),
+    ("hardware", "host_memory_gib", lambda v: 0 < v <= MAX_GIB, f"> 0 and <= {MAX_GIB:.0e} GiB"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
 )
@@ -313,6 +313,28 @@ def _check_ranges(scn: Scenario) -> None:
                 raise UserError(f"{where}.{k}: a latency target must be > 0 seconds (or null for none), got {v!r}")
 
 
+# Keys that select something by name anywhere in a scenario (policy.name, workload.kind, arrival.process, a length
+# distribution's dist, a preset, a trace format, a GPU): one string, never a list or a mapping.
+NAME_KEYS = ("name", "kind", "process", "dist", "preset", "format", "gpu")
+
+
+def check_values(node, where: str = "") -> None:
+    """Every value of a raw scenario, before anything reads it: numbers finite and within int64, selector names
+    strings. The path in a message is the one the user wrote (a list item as [i])."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            path = f"{where}.{k}" if where else str(k)
+            if k in NAME_KEYS and v is not None and not isinstance(v, (str, dict)):
+                from costmodels.values import name
+                name(v, path)
+            check_values(v, path)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_values(v, f"{where}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        finite(node, where or "value")
+
+
 def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Scenario:
     raw = dict(raw or {})
     defaults = Scenario()
@@ -322,7 +344,9 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
         keys = [str(o).split("=", 1)[0].strip() for o in overrides or ()]
         if sec not in raw and any(k.startswith(sec + ".") or (sec == "policy" and k in POLICY_ALIASES) for k in keys):
             raw[sec] = copy.deepcopy(getattr(defaults, sec))
-    raw = canonical_names(apply_overrides(raw, overrides))
+    raw = apply_overrides(raw, overrides)
+    check_values(raw)
+    raw = canonical_names(raw)
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
     for sec in ("policy", "workload", "costmodel", "cluster"):
