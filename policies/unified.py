@@ -52,6 +52,7 @@ class UnifiedScheduler(Policy):
     """GetNextBatch of Algorithm 1: ordered groups → hybrid check → CanAllocate(C, P, M, R_max) → evict or move on."""
 
     name = "unified"
+    speculative_decoding = True     # a decode takes view.spec_tokens drafts when the engine speculates
 
     @dataclass
     class Config:
@@ -367,7 +368,8 @@ class UnifiedScheduler(Policy):
         # Hot path: a running request whose share (one decode token, or a prefill chunk) fits the budget and
         # its next blocks is what most candidates are; it is taken inline (the state changes _consider makes)
         # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
-        inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+        inline = (getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+                  and not getattr(view, "spec_tokens", 0))
         mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
         group_stops = inline and hybrid and chunked and not cfg.skip_blocked
         for group in self._groups(view, batch, st):
@@ -425,6 +427,9 @@ class UnifiedScheduler(Policy):
                 c = 0
         else:
             c = 1 if used < self.C else 0
+            spec = getattr(view, "spec_tokens", 0)
+            if c and spec:                 # speculative decoding: the last token and its drafts, within the budget
+                c = min(1 + min(spec, cand.output_tokens - cand.generated - 1), self.C - used)
         if c <= 0:
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
         if not holding and self.R_max and len(view.running) >= self.R_max:

@@ -55,13 +55,18 @@ class Simulation:
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
-                 fast_forward: bool = True, max_model_len: int = 0):
+                 fast_forward: bool = True, max_model_len: int = 0, speculation=None):
         self.policy = policy
         self.costmodel = costmodel
         policy.prepare(costmodel)
         memory = build_layout(memory, costmodel, policy.kv_layout(memory, costmodel))   # a policy's own KV layout
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
+        # Speculative decoding (sim/engine/speculative.py): decodes verify k drafts per step; every step draws
+        # acceptances, so the decode cohort and closed-form stretches are off (the SimPy-free clock stays).
+        self.speculation = speculation
+        if speculation is not None:
+            self.view.spec_tokens = speculation.k
         self.max_iterations = max_iterations
         self.watchdog_iterations = watchdog_iterations
         self.keep_token_times = keep_token_times
@@ -78,7 +83,7 @@ class Simulation:
         self.truncated = False
         self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
         self._idle = None
-        self.fast_forward = FastForward(self) if fast_forward else None
+        self.fast_forward = FastForward(self) if fast_forward and speculation is None else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
@@ -227,6 +232,8 @@ class Simulation:
     def _batch_time(self, batch):
         """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
         view = self.view
+        if self.speculation is not None:
+            return self._spec_batch_time(batch)
         if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
                                             or view.step_swap_hidden):
             # No memory action to charge and a sums-only model (accepts_decode_sums): the integers the shape's
@@ -262,6 +269,36 @@ class Simulation:
             shape.kv_bits = kv_bits
             shape.dequant_tokens = sum(dc) + sum(pc)
         return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
+
+    def _spec_batch_time(self, batch):
+        """_batch_time with speculation: a decode scheduled with 1 + k tokens is a verify pass, priced as a chunk of
+        that many tokens at its context; the drafter's passes are added (sim/engine/speculative.py)."""
+        view = self.view
+        shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                           hidden_recompute_tokens=view.step_hidden_recompute)
+        pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+        prefill = n_prefill = n_decode = 0
+        draft_pt, draft_pc, draft_dc = [], [], []
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached
+            if m < r.input_tokens:
+                pt.append(c)
+                pc.append(m)
+                prefill += c
+                n_prefill += 1
+                draft_pt.append(c)
+                draft_pc.append(m)
+            elif c == 1:
+                dc.append(m + 1)
+                n_decode += 1
+            else:                          # a verify pass: the last token and c - 1 drafts
+                pt.append(c)
+                pc.append(m)
+                n_decode += 1
+                draft_dc.append(m + 1)
+        shape.swap_hidden_tokens = view.step_swap_hidden
+        t = self.costmodel.batch_time(shape) + self.speculation.draft_time(draft_pt, draft_pc, draft_dc)
+        return t, prefill, n_prefill, n_decode
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""
@@ -389,7 +426,24 @@ class Simulation:
         generated = 0
         view.kv_cached_tokens += batch.num_tokens
         register = self.memory.register if self.view.prefix_caching else None
+        spec = self.speculation
         for r, c in zip(batch.reqs, batch.tokens):
+            if spec is not None and c > 1 and r.cached >= r.input_tokens:
+                # a verify pass: j drafts accepted and one token from the target, never past the output; the
+                # rejected positions' KV goes back
+                j = spec.draw(r.id, c - 1)
+                gained = min(j + 1, r.output_tokens - r.generated)
+                spec.verified(c - 1, j, gained)
+                view.kv_cached_tokens -= c - gained
+                r.cached += gained
+                spec.freed_blocks += self.memory.trim(r, r.cached)
+                r.generated += gained
+                generated += gained
+                r.token_times.extend([now] * gained)
+                if r.generated >= r.output_tokens:
+                    self._finish(r, now)
+                    finished = True
+                continue
             m = r.cached + c
             r.cached = m
             if register is not None and m - c < r.input_tokens:   # a prefill chunk: its full blocks are hittable now
@@ -495,7 +549,7 @@ class Simulation:
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
-        if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
+        if (self.exact_fast_paths and self.speculation is None and self.policy.decode_cohort(self.view)
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)

@@ -33,6 +33,7 @@ class ReplicaView:
         # Prefix caching (sim/kv/prefix_cache.py): on when the manager can look prompts up.
         self.prefix_caching = hasattr(memory, "lookup")
         self.looked_up: list = []          # waiting requests looked up this step (a hit not admitted lapses)
+        self.spec_tokens = 0               # speculative decoding: draft tokens a decode verifies per step (0: off)
 
     def _run(self, req) -> None:
         self.running.append(req)

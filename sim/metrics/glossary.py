@@ -49,6 +49,17 @@ GLOSSARY = {
     "overheads": ("name", "the CPU/front-end overheads preset charged (profiles/overheads.yaml), custom, or none"),
     "kv_capacity_tokens": ("tokens", "KV capacity M the run had (a cluster: summed over its replicas)"),
     "wall_s": ("s", "host time the simulation took (not simulated time)"),
+    "spec_steps": ("count", "speculative decoding: verify passes that checked at least one draft token"),
+    "spec_drafts_proposed": ("tokens", "speculative decoding: draft tokens verified by the target model"),
+    "spec_drafts_accepted": ("tokens", "speculative decoding: draft tokens the target accepted"),
+    "spec_acceptance": ("fraction", "speculative decoding: accepted over proposed draft tokens"),
+    "spec_tokens_per_step": ("tokens", "speculative decoding: output tokens per verify pass (accepted + 1, "
+                                       "capped by what the request had left)"),
+    "spec_full_steps": ("count", "speculative decoding: verify passes with all k drafts"),
+    "spec_full_tokens_per_step": ("tokens", "speculative decoding: output tokens per verify pass with all k drafts "
+                                            "(expected (1 - a^(k+1)) / (1 - a) at acceptance rate a)"),
+    "spec_freed_blocks": ("blocks", "speculative decoding: KV blocks of rejected draft tokens released"),
+    "spec_draft_time_s": ("s", "speculative decoding: time the drafter added to the steps, summed"),
 }
 
 

@@ -168,6 +168,8 @@ class SimResult:
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions
             summ.update(sim.memory.stats())
         summ.update(mechanism_counters(sim))
+        if getattr(sim, "speculation", None) is not None:      # drafts proposed/accepted, tokens per verify pass
+            summ.update(sim.speculation.stats())
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:

@@ -107,6 +107,29 @@ def build_memory(scn: Scenario, model, policy, M: int):
     return KVCacheManager(M, mem.block_size, watermark, swap_tokens)
 
 
+def build_speculation(scn: Scenario, policy, target_cm, gpu):
+    """The engine's speculative decoding from the scenario's `speculative:` section, or None when it is empty."""
+    from sim.engine.speculative import Speculation, speculative_config
+    cfg = speculative_config(scn.speculative)
+    if cfg is None:
+        return None
+    name = scn.policy.get("name")
+    if not getattr(policy, "speculative_decoding", False):
+        from policies import POLICIES
+        able = sorted(n for n, (cls, _, _) in POLICIES.items() if getattr(cls, "speculative_decoding", False))
+        raise UserError(f"speculative: policy {name!r} does not schedule draft tokens; allowed: {', '.join(able)}")
+    if policy.kv_layout(None, None) is not None:
+        raise UserError(f"speculative: policy {name!r} runs on its own KV layout; speculation needs the paged manager")
+    draft_cm = None
+    if cfg.method == "draft_model":
+        draft = get_model(cfg.draft_model, "speculative.draft_model")
+        draft.check_tp(scn.hardware.tp)
+        # the draft's passes run inside the target's engine step: GPU time only, no second scheduler's overheads
+        draft_cm = build_costmodel({"kind": "auto", "overheads": None}, draft, gpu, scn.hardware.tp,
+                                   "speculative.draft_model")
+    return Speculation(cfg, target_cm, scn.seed if cfg.seed is None else cfg.seed, draft_cm)
+
+
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
     load_extensions()              # in sweep workers too: a spawned process starts without them
     model = scenario_model(scn)
@@ -124,10 +147,11 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
         from sim.kv.quant import quantize_kv
         quantize_kv(memory, scn.memory.kv_quant_bits, kv_dtype=scn.memory.kv_dtype)
     s = scn.sim
+    speculation = build_speculation(scn, policy, cm, gpu)
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
                      record_iterations=s.record_iterations, fast_forward=s.fast_forward,
-                     max_model_len=scn.model.max_model_len or model.max_context)
+                     max_model_len=scn.model.max_model_len or model.max_context, speculation=speculation)
     sim.slos = scn.slos()
     sim.policy_name = scn.policy.get("name")     # named in a stuck run's message
     sim.memory_breakdown = breakdown

@@ -73,6 +73,7 @@ class Scenario:
     sim: SimSection = field(default_factory=SimSection)
     solver: dict = field(default_factory=dict)   # knobs of `servesim optimal` (solver.instance.SolverOptions)
     cluster: dict = field(default_factory=dict)  # replicas behind a router, or prefill/decode pools (sim/cluster)
+    speculative: typing.Optional[dict] = field(default_factory=dict)  # speculative decoding (sim/engine/speculative.py); empty: off
     source: str = ""
 
     def slos(self) -> dict:
@@ -96,6 +97,8 @@ class Scenario:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        if not d.get("speculative"):      # off: left out, so a run's identity (sweep keys) is what it was before
+            d.pop("speculative", None)
         return d
 
 
@@ -325,7 +328,9 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     raw = canonical_names(apply_overrides(raw, overrides))
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
-    for sec in ("policy", "workload", "costmodel", "cluster"):
+    if scn.speculative is None:         # `speculative: null` turns it off, as an empty section does
+        scn.speculative = {}
+    for sec in ("policy", "workload", "costmodel", "cluster", "speculative"):
         if not isinstance(getattr(scn, sec), dict):
             raise UserError(f"{source}: {sec}: expected a mapping")
     _check_ranges(scn)

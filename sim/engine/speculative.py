@@ -1,0 +1,179 @@
+"""Speculative decoding in the replica loop: k draft tokens verified per decode step, their cost, KV and acceptance.
+
+What one decode step of a request does with speculation on (vLLM v1 and SGLang run it this way):
+- the drafter (a small draft model run k times, an EAGLE/MTP head, or an n-gram lookup on the CPU) has proposed
+  k_eff = min(k, remaining output - 1) tokens; the policy schedules the request with 1 + k_eff tokens (they take
+  token budget, and KV is reserved for all of them, preempting if it must, as for any chunk);
+- the target model verifies them in one forward: the cost model sees a (1 + k_eff)-token chunk at the request's
+  context (a chunk of a prefill costs the same way), not a one-token decode;
+- j drafts are accepted (the first j, up to the first rejection) and one more token comes from the target, so the
+  request gains j + 1 tokens at the step's end (never more than it has left: exact output counts hold); the KV of
+  the k_eff - j rejected positions is released (whole blocks past the kept tokens go back to the pool).
+Acceptance: a per-request list of accepted counts (`accepted: {request id: [j, ...]}`), used step by step while
+it lasts, then the rate `acceptance_rate` a: each draft token is accepted with probability a given that the ones
+before it were, so j = min(G - 1, k_eff) with G geometric(1 - a), and E[j + 1] = (1 - a^(k+1)) / (1 - a).
+Every draw comes from one numpy Generator seeded from the scenario (same seed, same tables).
+
+The draft's cost is added to the step's time: a `draft_model` from the catalog runs one pass over the step's
+prefill chunks and decodes (one token each) and k - 1 more one-token passes over the decodes, on the same GPU and
+tensor-parallel degree, priced by its own cost model without a second engine's CPU overhead; an `eagle` or `mtp`
+head costs `draft_fraction` of the target's GPU time for the same passes (default: one decoder layer of the
+target, 1 / layers); `ngram` proposes on the CPU at no GPU cost. Not modelled: the draft model's weights and KV
+are not taken out of M (give memory.M or lower gpu_memory_utilization to leave room); the exact fast paths (decode
+cohort, closed-form stretches) are off while speculation is on, since every step draws acceptances."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodels.base import BatchShape
+from costmodels.errors import UserError
+
+METHODS = ("draft_model", "eagle", "mtp", "ngram")
+
+
+@dataclass
+class SpeculativeConfig:
+    """The scenario's `speculative:` section (empty: off)."""
+    method: str = "eagle"                 # draft_model | eagle | mtp | ngram
+    k: int = 3                            # draft tokens proposed per step (vLLM's num_speculative_tokens)
+    acceptance_rate: float | None = None  # probability a draft token is accepted given the ones before it were
+    accepted: dict = field(default_factory=dict)   # request id -> accepted drafts per step, used first
+    draft_model: str | None = None        # method draft_model: a model name in the catalog
+    draft_fraction: float | None = None   # eagle/mtp: one head pass / one target pass (null: 1 / target layers)
+    seed: int | None = None               # null: the scenario's seed
+
+    def validate(self, where: str = "speculative") -> None:
+        if self.method not in METHODS:
+            raise UserError(f"{where}.method: {self.method!r} is not allowed; allowed: {', '.join(METHODS)}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise UserError(f"{where}.k: must be an integer >= 1 (draft tokens per step), got {self.k!r}")
+        a = self.acceptance_rate
+        if a is None:
+            raise UserError(f"{where}.acceptance_rate: required, a probability in [0, 1] (each draft token "
+                            f"accepted given the previous ones were)")
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            raise UserError(f"{where}.acceptance_rate: must be in [0, 1], got {a!r}")
+        if self.method == "draft_model" and not self.draft_model:
+            raise UserError(f"{where}.draft_model: method draft_model needs a model name from the catalog")
+        if self.method != "draft_model" and self.draft_model:
+            raise UserError(f"{where}.draft_model: only method draft_model runs a draft model (method is "
+                            f"{self.method!r})")
+        f = self.draft_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0):
+            raise UserError(f"{where}.draft_fraction: must be in [0, 1] (one head pass / one target pass), got {f!r}")
+        if not isinstance(self.accepted, dict):
+            raise UserError(f"{where}.accepted: expected a mapping of request id -> list of accepted drafts per step")
+        for rid, seq in self.accepted.items():
+            if isinstance(rid, bool) or not isinstance(rid, int):
+                raise UserError(f"{where}.accepted: keys are request ids (integers), got {rid!r}")
+            if not isinstance(seq, list) or any(isinstance(j, bool) or not isinstance(j, int) or not 0 <= j <= self.k
+                                                for j in seq):
+                raise UserError(f"{where}.accepted.{rid}: must be a list of integers in [0, k = {self.k}], "
+                                f"got {seq!r}")
+
+
+def speculative_config(section: dict, where: str = "speculative") -> SpeculativeConfig | None:
+    """The section as a validated config; None when it is empty (speculation off)."""
+    if not section:
+        return None
+    names = set(SpeculativeConfig.__dataclass_fields__)
+    bad = sorted(set(section) - names)
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, bad))}; allowed: {', '.join(sorted(names))}")
+    cfg = SpeculativeConfig(**section)
+    cfg.validate(where)
+    return cfg
+
+
+class Speculation:
+    """The engine's speculative decoding: draft costs, acceptance draws and the counters a run reports."""
+
+    def __init__(self, cfg: SpeculativeConfig, target_cm, seed: int, draft_cm=None):
+        self.cfg = cfg
+        self.k = cfg.k
+        self.target = target_cm
+        self.draft_cm = draft_cm
+        if cfg.method in ("eagle", "mtp"):
+            layers = getattr(getattr(target_cm, "model", None), "layers", 0)
+            self.fraction = cfg.draft_fraction if cfg.draft_fraction is not None else (1.0 / layers if layers else 0.0)
+        else:
+            self.fraction = 0.0
+        self.rate = float(cfg.acceptance_rate)
+        self.rng = np.random.default_rng([int(seed), 0x5EC])
+        self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
+        self.used = {}                         # request id -> entries of its list consumed
+        # counters
+        self.steps = 0                         # verify passes with at least one draft
+        self.proposed = 0                      # draft tokens verified
+        self.accepted = 0                      # of them accepted
+        self.tokens = 0                        # tokens those passes produced (accepted + the target's own)
+        self.full_steps = 0                    # passes with all k drafts (the rate's invariant is over these)
+        self.full_tokens = 0
+        self.freed_blocks = 0                  # KV blocks of rejected drafts released
+        self.draft_time_s = 0.0                # time added by drafting
+
+    # -- acceptance -------------------------------------------------------------------------------------------
+    def draw(self, rid: int, k_eff: int) -> int:
+        """Accepted drafts of one verify pass with k_eff drafts: the request's list while it lasts, else the rate."""
+        seq = self.lists.get(rid)
+        if seq is not None:
+            i = self.used.get(rid, 0)
+            if i < len(seq):
+                self.used[rid] = i + 1
+                return min(seq[i], k_eff)
+        a = self.rate
+        if a >= 1.0:
+            return k_eff
+        if a <= 0.0:
+            return 0
+        return min(int(self.rng.geometric(1.0 - a)) - 1, k_eff)
+
+    def verified(self, k_eff: int, accepted: int, gained: int) -> None:
+        self.steps += 1
+        self.proposed += k_eff
+        self.accepted += accepted
+        self.tokens += gained
+        if k_eff == self.k:
+            self.full_steps += 1
+            self.full_tokens += gained
+
+    # -- cost -------------------------------------------------------------------------------------------------
+    def draft_time(self, prefill_tokens, prefill_context, decode_context) -> float:
+        """Seconds the drafter adds to a step: one pass over the prefill chunks and the speculating decodes (one
+        token each, at context m + 1), then k - 1 one-token passes over the decodes."""
+        if not decode_context and not prefill_tokens or self.cfg.method == "ngram":
+            return 0.0
+        if self.draft_cm is not None:
+            cm, scale = self.draft_cm, 1.0
+        elif self.fraction:
+            cm, scale = self.target, self.fraction
+        else:
+            return 0.0
+        n = len(prefill_tokens) + len(decode_context)
+        first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
+                           decode_context=list(decode_context))
+        t = cm.batch_time(first) - cm.cpu_time(n)
+        if decode_context:
+            ctx = np.asarray(decode_context, dtype=np.int64)
+            for i in range(1, self.k):
+                t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(len(decode_context))
+        t *= scale
+        self.draft_time_s += t
+        return t
+
+    def stats(self) -> dict:
+        """The run summary's speculation counters."""
+        nan = float("nan")
+        return {"spec_steps": self.steps, "spec_drafts_proposed": self.proposed, "spec_drafts_accepted": self.accepted,
+                "spec_acceptance": self.accepted / self.proposed if self.proposed else nan,
+                "spec_tokens_per_step": self.tokens / self.steps if self.steps else nan,
+                "spec_full_steps": self.full_steps,
+                "spec_full_tokens_per_step": self.full_tokens / self.full_steps if self.full_steps else nan,
+                "spec_freed_blocks": self.freed_blocks, "spec_draft_time_s": self.draft_time_s}
+
+
+def expected_tokens_per_step(a: float, k: int) -> float:
+    """E[j + 1] for k drafts at rate a: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
