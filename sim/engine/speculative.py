@@ -102,6 +102,9 @@ class Speculation:
             self.fraction = 0.0
         self.rate = float(cfg.acceptance_rate)
         self.rng = np.random.default_rng([int(seed), 0x5EC])
+        self._draws: list = []                 # geometric draws taken from the generator a block at a time
+        cm = draft_cm if draft_cm is not None else target_cm
+        self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
         self.used = {}                         # request id -> entries of its list consumed
         # counters
@@ -128,7 +131,9 @@ class Speculation:
             return k_eff
         if a <= 0.0:
             return 0
-        return min(int(self.rng.geometric(1.0 - a)) - 1, k_eff)
+        if not self._draws:
+            self._draws = (self.rng.geometric(1.0 - a, size=4096) - 1).tolist()[::-1]
+        return min(self._draws.pop(), k_eff)
 
     def verified(self, k_eff: int, accepted: int, gained: int) -> None:
         self.steps += 1
@@ -151,14 +156,23 @@ class Speculation:
             cm, scale = self.target, self.fraction
         else:
             return 0.0
-        n = len(prefill_tokens) + len(decode_context)
-        first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
-                           decode_context=list(decode_context))
-        t = cm.batch_time(first) - cm.cpu_time(n)
-        if decode_context:
-            ctx = np.asarray(decode_context, dtype=np.int64)
-            for i in range(1, self.k):
-                t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(len(decode_context))
+        n, d = len(prefill_tokens) + len(decode_context), len(decode_context)
+        if self.sums:                  # the cost model prices a batch from its sums: no shapes to build
+            pt = sum(prefill_tokens)
+            c2 = sum(c * c for c in prefill_tokens)
+            ck = sum(c * m for c, m in zip(prefill_tokens, prefill_context))
+            kv = sum(decode_context)
+            t = cm.time_from_sums(pt + d, len(prefill_tokens), c2, ck, sum(prefill_context), d, kv) - cm.cpu_time(n)
+            for i in range(1, self.k if d else 1):
+                t += cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+        else:
+            first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
+                               decode_context=list(decode_context))
+            t = cm.batch_time(first) - cm.cpu_time(n)
+            if decode_context:
+                ctx = np.asarray(decode_context, dtype=np.int64)
+                for i in range(1, self.k):
+                    t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
         t *= scale
         self.draft_time_s += t
         return t
