@@ -103,6 +103,9 @@ def build_memory(scn: Scenario, model, policy, M: int):
     if caching:
         from sim.kv.prefix_cache import PrefixCachingKVManager
         cpu_blocks = int(mem.cpu_offload_gib * GiB // (kv_per_token * mem.block_size))
+        if getattr(policy, "radix_cache", False):      # SGLang: the radix tree's eviction (sim/kv/radix.py)
+            from sim.kv.radix import RadixKVManager
+            return RadixKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
         return PrefixCachingKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
     return KVCacheManager(M, mem.block_size, watermark, swap_tokens)
 
