@@ -75,6 +75,13 @@ class Simulation:
         self.all_requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.infeasible = []
         self.requests = [r for r in self.all_requests if self._feasible(r)]
+        # Closed-loop sessions (sim/engine/sessions.py): a turn arrives when the one before it completes, plus its
+        # think time; only first turns are in the arrival stream, and the plain SimPy loop runs the replica.
+        self.sessions = None
+        if any(r.after is not None for r in self.all_requests):
+            from sim.engine.sessions import Sessions
+            self.sessions = Sessions(self)
+            fast_forward = False
         if hasattr(memory, "bind_requests"):       # prefix caching: which answers later prompts repeat
             memory.bind_requests(self.requests)
         self.completed = 0
@@ -124,7 +131,8 @@ class Simulation:
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
-        reqs, n, i = self.requests, len(self.requests), 0
+        reqs = self.requests if self.sessions is None else self.sessions.first_turns
+        n, i = len(reqs), 0
         while i < n:
             t = reqs[i].arrival_s
             if t > env.now:
@@ -132,7 +140,7 @@ class Simulation:
             while i < n and reqs[i].arrival_s <= t:
                 self.view.waiting.append(reqs[i])
                 i += 1
-            self.arrived = i
+            self.arrived = i if self.sessions is None else i + self.sessions.released
             if self._idle is not None and not self._idle.triggered:
                 self._idle.succeed()
 
@@ -487,6 +495,8 @@ class Simulation:
         else:
             self.memory.free(r)
         self.completed += 1
+        if r.followers and self.sessions is not None:       # the session's next turn: after its think time
+            self.sessions.release(r, now)
         if finalize:
             finalize_request(r, self.keep_token_times)
         if self.on_complete is not None:
@@ -530,6 +540,8 @@ class Simulation:
                     self.infeasible.append(r)
                     self.completed += 1
                     dropped.append(r)
+                    if r.followers and self.sessions is not None:
+                        self.sessions.abandon(r)
                     if self.on_drop is not None:
                         self.on_drop(r)
         return bool(dropped)
@@ -571,6 +583,8 @@ class Simulation:
                     raise RuntimeError("the fast-path replica loop never waits on SimPy")
             else:
                 env = simpy.Environment()
+                if self.sessions is not None:
+                    self.sessions.env = env
                 env.process(self._arrivals(env))
                 done = env.process(self._replica(env))
                 env.run(until=done)
@@ -578,6 +592,10 @@ class Simulation:
 
     def start_in_cluster(self, clock):
         """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
+        if self.sessions is not None:
+            from costmodels.errors import UserError
+            raise UserError("workload: closed-loop sessions run on one replica (a turn waits for the one before it "
+                            "on that replica's clock); clusters are not supported with them")
         self._prepare_run()
         self.arrival_clock = clock
         self.arrived = clock.arrived

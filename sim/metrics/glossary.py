@@ -60,6 +60,13 @@ GLOSSARY = {
                                             "(expected (1 - a^(k+1)) / (1 - a) at acceptance rate a)"),
     "spec_freed_blocks": ("blocks", "speculative decoding: KV blocks of rejected draft tokens released"),
     "spec_draft_time_s": ("s", "speculative decoding: time the drafter added to the steps, summed"),
+    "radix_evicted_leaves": ("blocks", "SGLang radix cache: cached blocks evicted (least recently used unreferenced "
+                                       "leaves)"),
+    "radix_cached_blocks": ("blocks", "SGLang radix cache: blocks cached (in use or evictable) at the end"),
+    "session_turns_released": ("count", "closed-loop sessions: turns sent after the previous turn completed"),
+    "session_turns_abandoned": ("count", "closed-loop sessions: turns never sent because an earlier turn of the "
+                                         "session could not run"),
+    "session_think_s_mean": ("s", "closed-loop sessions: mean pause between a turn's completion and the next turn"),
 }
 
 

@@ -78,9 +78,16 @@ def requests_from_table(df) -> list:
     pred = df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in cols else None
     prefix = df["prefix"].to_numpy() if "prefix" in cols else None
     a, p, o = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
-    return [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
+    reqs = [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
                     predicted_output_tokens=None if pred is None else pred[i],
                     prefix=None if prefix is None else prefix[i]) for i in range(len(df))]
+    if "after" in cols:            # closed-loop sessions: a turn follows the row it names (sim/engine/sessions.py)
+        after = df["after"].to_numpy()
+        think = df["think_s"].to_numpy() if "think_s" in cols else np.zeros(len(df))
+        for i, r in enumerate(reqs):
+            if after[i] >= 0:
+                r.after, r.think_s = reqs[int(after[i])], float(think[i])
+    return reqs
 
 
 def build_memory(scn: Scenario, model, policy, M: int):
