@@ -182,3 +182,26 @@ def test_draft_model_is_priced_from_the_catalog():
     res = build_simulation(scn).run()
     assert res.summary["spec_draft_time_s"] > 0
     assert np.isfinite(res.summary["makespan_s"])
+
+
+def test_a_derived_m_leaves_room_for_the_drafter():
+    from costmodels import get_model
+    raw = {"name": "m", "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "h100-sxm"},
+           "policy": {"name": "vllm-v1"}, "workload": {"kind": "offline", "num_requests": 1, "prompt": 8, "output": 2}}
+    plain = build_simulation(scenario_from_dict(raw)).memory_breakdown
+    head = build_simulation(scenario_from_dict({**raw, "speculative": {"k": 2, "acceptance_rate": 0.5}}))
+    draft = build_simulation(scenario_from_dict({**raw, "speculative": {
+        "method": "draft_model", "draft_model": "tiny-llama", "k": 2, "acceptance_rate": 0.5}}))
+    target = get_model("llama-3.1-8b")
+    # EAGLE head: one decoder layer's weights out of the KV space, one layer's KV in each token's slot
+    h = head.memory_breakdown
+    assert h.kv_bytes_per_token == pytest.approx(plain.kv_bytes_per_token * (1 + 1 / target.layers))
+    assert h.kv_tokens == int((plain.kv_bytes - target.weight_bytes() / target.layers) // h.kv_bytes_per_token)
+    tiny = get_model("tiny-llama")
+    d = draft.memory_breakdown
+    assert d.kv_tokens == int((plain.kv_bytes - tiny.weight_bytes()) // (plain.kv_bytes_per_token
+                                                                         + tiny.kv_bytes_per_token()))
+    assert d.kv_tokens < plain.kv_tokens and h.kv_tokens < plain.kv_tokens
+    ngram = build_simulation(scenario_from_dict({**raw, "speculative": {"method": "ngram", "k": 2,
+                                                                         "acceptance_rate": 0.5}}))
+    assert ngram.memory_breakdown.kv_tokens == plain.kv_tokens

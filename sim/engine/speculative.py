@@ -18,9 +18,13 @@ The draft's cost is added to the step's time: a `draft_model` from the catalog r
 prefill chunks and decodes (one token each) and k - 1 more one-token passes over the decodes, on the same GPU and
 tensor-parallel degree, priced by its own cost model without a second engine's CPU overhead; an `eagle` or `mtp`
 head costs `draft_fraction` of the target's GPU time for the same passes (default: one decoder layer of the
-target, 1 / layers); `ngram` proposes on the CPU at no GPU cost. Not modelled: the draft model's weights and KV
-are not taken out of M (give memory.M or lower gpu_memory_utilization to leave room); the exact fast paths (decode
-cohort, closed-form stretches) are off while speculation is on, since every step draws acceptances."""
+target, 1 / layers); `ngram` proposes on the CPU at no GPU cost.
+
+Memory: when M is derived from the GPU (memory.M null) the drafter's weights come out of the KV space and each
+token's KV slot holds the drafter's KV too (vLLM sizes one block pool for both): a draft model's own weights and
+KV per token, an EAGLE/MTP head's one decoder layer (the target's weights and KV per token over its layers); a
+memory.M given in the scenario is taken as the target's tokens as it stands. The exact fast paths (decode cohort,
+closed-form stretches) are off while speculation is on, since every step draws acceptances."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -186,6 +190,17 @@ class Speculation:
                 "spec_full_steps": self.full_steps,
                 "spec_full_tokens_per_step": self.full_tokens / self.full_steps if self.full_steps else nan,
                 "spec_freed_blocks": self.freed_blocks, "spec_draft_time_s": self.draft_time_s}
+
+
+def drafter_memory(cfg: SpeculativeConfig, target, draft, tp: int, kv_dtype=None) -> tuple[float, float]:
+    """(weight bytes, KV bytes per token) per GPU the drafter adds: a draft model's own; an EAGLE/MTP head's one
+    decoder layer of the target; nothing for n-gram lookup."""
+    if cfg.method == "draft_model":
+        return draft.weight_bytes() / tp, draft.kv_bytes_per_token(kv_dtype, tp)
+    if cfg.method in ("eagle", "mtp"):
+        layers = max(target.layers, 1)
+        return target.weight_bytes() / tp / layers, target.kv_bytes_per_token(kv_dtype, tp) / layers
+    return 0.0, 0.0
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:

@@ -117,6 +117,24 @@ def build_memory(scn: Scenario, model, policy, M: int):
     return KVCacheManager(M, mem.block_size, watermark, swap_tokens)
 
 
+def with_drafter(scn: Scenario, breakdown, model):
+    """The KV space left when a speculative drafter shares the GPU: its weights out, its KV in every token's slot."""
+    import dataclasses
+    import math
+    from sim.engine.speculative import drafter_memory, speculative_config
+    cfg = speculative_config(scn.speculative)
+    draft = get_model(cfg.draft_model, "speculative.draft_model") if cfg.method == "draft_model" else None
+    weights, per_token = drafter_memory(cfg, model, draft, scn.hardware.tp, scn.memory.kv_dtype)
+    if not weights and not per_token:
+        return breakdown
+    room = breakdown.kv_bytes - weights
+    if room <= 0:
+        raise UserError(f"speculative: the drafter's weights ({weights / GiB:.1f} GiB per GPU) leave no KV space")
+    per = breakdown.kv_bytes_per_token + per_token
+    return dataclasses.replace(breakdown, weights=breakdown.weights + weights, kv_bytes_per_token=per,
+                               kv_tokens=int(math.floor(room / per)))
+
+
 def build_speculation(scn: Scenario, policy, target_cm, gpu):
     """The engine's speculative decoding from the scenario's `speculative:` section, or None when it is empty."""
     from sim.engine.speculative import Speculation, speculative_config
@@ -148,6 +166,8 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     cm = scenario_costmodel(scn, model, gpu)
     policy = build_policy(scn.policy)
     breakdown = memory_breakdown(scn, model, gpu, policy, cm)
+    if breakdown is not None and scn.speculative:
+        breakdown = with_drafter(scn, breakdown, model)
     M = breakdown.kv_tokens if breakdown is not None else capacity_tokens(scn, model, gpu)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
