@@ -53,6 +53,7 @@ class UnifiedScheduler(Policy):
 
     name = "unified"
     speculative_decoding = True     # a decode takes view.spec_tokens drafts when the engine speculates
+    lora_scheduling = True          # admissions keep to view.lora.max_loras distinct adapters (multi-LoRA)
 
     @dataclass
     class Config:
@@ -409,6 +410,8 @@ class UnifiedScheduler(Policy):
         if not holding:
             if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):
                 return _NEXT_GROUP
+            if cand.adapter >= 0 and getattr(view, "lora", None) is not None and not self._lora_fits(view, cand, st):
+                return _NEXT_CAND                  # vLLM: a request that would pass max_loras is skipped
             if view.prefix_caching and cand.state == _WAITING:
                 view.lookup_prefix(cand)           # cached full blocks count as computed (vLLM v1)
         # ③ CanAllocate: token budgets
@@ -458,7 +461,21 @@ class UnifiedScheduler(Policy):
         cand.sched_stamp = stamp
         batch.add(cand, c, is_prefill)
         st["phase"] = is_prefill
+        if not holding and "loras" in st and cand.adapter >= 0:
+            st["loras"].add(cand.adapter)
         return _NEXT_CAND
+
+    @staticmethod
+    def _lora_fits(view, cand, st) -> bool:
+        """May a waiting request with an adapter join? Its adapter is already running, or fewer than max_loras
+        distinct adapters are (every running request's, and those admitted this step)."""
+        active = st.get("loras")
+        if active is None:
+            active = st["loras"] = {r.adapter for r in view.running if r.adapter >= 0}
+        if cand.adapter in active or len(active) < view.lora.max_loras:
+            return True
+        view.lora.skipped += 1
+        return False
 
     def _preempt(self, view, r, stamp, st):
         view.preempt(r, mode=self.config.preemption, front=self.config.requeue == "front")

@@ -55,7 +55,7 @@ class Simulation:
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
-                 fast_forward: bool = True, max_model_len: int = 0, speculation=None):
+                 fast_forward: bool = True, max_model_len: int = 0, speculation=None, lora=None):
         self.policy = policy
         self.costmodel = costmodel
         policy.prepare(costmodel)
@@ -67,6 +67,11 @@ class Simulation:
         self.speculation = speculation
         if speculation is not None:
             self.view.spec_tokens = speculation.k
+        self.lora = lora                       # multi-LoRA (sim/engine/lora.py): same fast paths off as speculation
+        if lora is not None:
+            self.view.lora = lora
+            lora.assign(requests)
+        per_step = speculation is not None or lora is not None
         self.max_iterations = max_iterations
         self.watchdog_iterations = watchdog_iterations
         self.keep_token_times = keep_token_times
@@ -90,7 +95,7 @@ class Simulation:
         self.truncated = False
         self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
         self._idle = None
-        self.fast_forward = FastForward(self) if fast_forward and speculation is None else None
+        self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
@@ -240,6 +245,10 @@ class Simulation:
     def _batch_time(self, batch):
         """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
         view = self.view
+        if self.lora is not None:          # the adapters' loads and GEMMs on top of the step
+            t, prefill, n_prefill, n_decode = (self._spec_batch_time(batch) if self.speculation is not None
+                                               else self._shape_batch_time(batch))
+            return t + self.lora.step_time(batch), prefill, n_prefill, n_decode
         if self.speculation is not None:
             return self._spec_batch_time(batch)
         if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
@@ -260,6 +269,11 @@ class Simulation:
                     ck += c * m
                     pk += m
             return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+        return self._shape_batch_time(batch)
+
+    def _shape_batch_time(self, batch):
+        """_batch_time through a BatchShape (memory actions, quantized KV, the cohort given in aggregate)."""
+        view = self.view
         shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
                            hidden_recompute_tokens=view.step_hidden_recompute)
         pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
@@ -561,7 +575,8 @@ class Simulation:
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
-        if (self.exact_fast_paths and self.speculation is None and self.policy.decode_cohort(self.view)
+        if (self.exact_fast_paths and self.speculation is None and self.lora is None
+                and self.policy.decode_cohort(self.view)
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
@@ -592,6 +607,9 @@ class Simulation:
 
     def start_in_cluster(self, clock):
         """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
+        if self.lora is not None:
+            from costmodels.errors import UserError
+            raise UserError("lora: adapters are drawn per request on one replica; clusters are not supported with them")
         if self.sessions is not None:
             from costmodels.errors import UserError
             raise UserError("workload: closed-loop sessions run on one replica (a turn waits for the one before it "

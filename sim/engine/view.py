@@ -34,6 +34,7 @@ class ReplicaView:
         self.prefix_caching = hasattr(memory, "lookup")
         self.looked_up: list = []          # waiting requests looked up this step (a hit not admitted lapses)
         self.spec_tokens = 0               # speculative decoding: draft tokens a decode verifies per step (0: off)
+        self.lora = None                   # multi-LoRA (sim/engine/lora.py): max_loras, the skip counter
 
     def _run(self, req) -> None:
         self.running.append(req)

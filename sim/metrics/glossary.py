@@ -63,6 +63,13 @@ GLOSSARY = {
     "radix_evicted_leaves": ("blocks", "SGLang radix cache: cached blocks evicted (least recently used unreferenced "
                                        "leaves)"),
     "radix_cached_blocks": ("blocks", "SGLang radix cache: blocks cached (in use or evictable) at the end"),
+    "lora_loads_from_host": ("count", "multi-LoRA: adapters loaded into a GPU slot from host memory"),
+    "lora_loads_from_disk": ("count", "multi-LoRA: adapters read from disk (host memory did not hold them), then loaded"),
+    "lora_load_time_s": ("s", "multi-LoRA: step time spent loading adapters, summed"),
+    "lora_compute_time_s": ("s", "multi-LoRA: step time of the adapters' GEMMs, summed"),
+    "lora_skipped_admissions": ("count", "multi-LoRA: times a waiting request was passed over because its adapter "
+                                         "would exceed max_loras (once per request per step)"),
+    "lora_adapters_per_step": ("count", "multi-LoRA: distinct adapters per step that ran any, mean"),
     "session_turns_released": ("count", "closed-loop sessions: turns sent after the previous turn completed"),
     "session_turns_abandoned": ("count", "closed-loop sessions: turns never sent because an earlier turn of the "
                                          "session could not run"),

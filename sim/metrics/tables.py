@@ -170,6 +170,8 @@ class SimResult:
         summ.update(mechanism_counters(sim))
         if getattr(sim, "speculation", None) is not None:      # drafts proposed/accepted, tokens per verify pass
             summ.update(sim.speculation.stats())
+        if getattr(sim, "lora", None) is not None:             # adapter loads, skipped admissions, GEMM time
+            summ.update(sim.lora.stats())
         if getattr(sim, "sessions", None) is not None:         # closed-loop turns released after their pauses
             summ.update(sim.sessions.stats())
         return cls(req, it, summ, sim.memory.capacity_tokens)

@@ -135,6 +135,30 @@ def with_drafter(scn: Scenario, breakdown, model):
                                kv_tokens=int(math.floor(room / per)))
 
 
+def with_reserved(breakdown, nbytes: float, what: str):
+    """The KV space left after `nbytes` more of GPU memory per GPU are reserved."""
+    import dataclasses
+    import math
+    room = breakdown.kv_bytes - nbytes
+    if room <= 0:
+        raise UserError(f"{what}: {nbytes / GiB:.1f} GiB per GPU leave no KV space")
+    return dataclasses.replace(breakdown, weights=breakdown.weights + nbytes,
+                               kv_tokens=int(math.floor(room / breakdown.kv_bytes_per_token)))
+
+
+def build_lora(scn: Scenario, policy, model, gpu):
+    """The engine's multi-LoRA serving from the scenario's `lora:` section, or None when it is empty."""
+    from sim.engine.lora import LoRA, lora_config
+    cfg = lora_config(scn.lora)
+    if cfg is None:
+        return None
+    if not getattr(policy, "lora_scheduling", False):
+        from policies import POLICIES
+        able = sorted(n for n, (cls, _, _) in POLICIES.items() if getattr(cls, "lora_scheduling", False))
+        raise UserError(f"lora: policy {scn.policy.get('name')!r} does not apply max_loras; allowed: {', '.join(able)}")
+    return LoRA(cfg, model, gpu, scn.hardware.tp, scn.seed if cfg.seed is None else cfg.seed)
+
+
 def build_speculation(scn: Scenario, policy, target_cm, gpu):
     """The engine's speculative decoding from the scenario's `speculative:` section, or None when it is empty."""
     from sim.engine.speculative import Speculation, speculative_config
@@ -168,6 +192,9 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     breakdown = memory_breakdown(scn, model, gpu, policy, cm)
     if breakdown is not None and scn.speculative:
         breakdown = with_drafter(scn, breakdown, model)
+    lora = build_lora(scn, policy, model, gpu)
+    if breakdown is not None and lora is not None:      # the adapter slots are reserved before the KV cache
+        breakdown = with_reserved(breakdown, lora.reserved_bytes(), "lora")
     M = breakdown.kv_tokens if breakdown is not None else capacity_tokens(scn, model, gpu)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
@@ -181,7 +208,8 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
                      record_iterations=s.record_iterations, fast_forward=s.fast_forward,
-                     max_model_len=scn.model.max_model_len or model.max_context, speculation=speculation)
+                     max_model_len=scn.model.max_model_len or model.max_context, speculation=speculation,
+                     lora=lora)
     sim.slos = scn.slos()
     sim.policy_name = scn.policy.get("name")     # named in a stuck run's message
     sim.memory_breakdown = breakdown

@@ -73,6 +73,7 @@ class Scenario:
     sim: SimSection = field(default_factory=SimSection)
     solver: dict = field(default_factory=dict)   # knobs of `servesim optimal` (solver.instance.SolverOptions)
     cluster: dict = field(default_factory=dict)  # replicas behind a router, or prefill/decode pools (sim/cluster)
+    lora: typing.Optional[dict] = field(default_factory=dict)   # multi-LoRA serving (sim/engine/lora.py); empty: off
     speculative: typing.Optional[dict] = field(default_factory=dict)  # speculative decoding (sim/engine/speculative.py); empty: off
     source: str = ""
 
@@ -97,8 +98,9 @@ class Scenario:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source", None)
-        if not d.get("speculative"):      # off: left out, so a run's identity (sweep keys) is what it was before
-            d.pop("speculative", None)
+        for sec in ("speculative", "lora"):   # off: left out, so a run's identity (sweep keys) stays what it was
+            if not d.get(sec):
+                d.pop(sec, None)
         return d
 
 
@@ -328,9 +330,10 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     raw = canonical_names(apply_overrides(raw, overrides))
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
-    if scn.speculative is None:         # `speculative: null` turns it off, as an empty section does
-        scn.speculative = {}
-    for sec in ("policy", "workload", "costmodel", "cluster", "speculative"):
+    for sec in ("speculative", "lora"):  # `null` turns them off, as an empty section does
+        if getattr(scn, sec) is None:
+            setattr(scn, sec, {})
+    for sec in ("policy", "workload", "costmodel", "cluster", "speculative", "lora"):
         if not isinstance(getattr(scn, sec), dict):
             raise UserError(f"{source}: {sec}: expected a mapping")
     _check_ranges(scn)
