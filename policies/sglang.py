@@ -45,9 +45,9 @@ class SGLangConfig:
     max_prefill_tokens: int = 16384      # prompt tokens per prefill batch
     max_running_requests: int = 0        # 0: from the KV pool (M // 2, capped by the request pool)
     init_new_token_ratio: float = 0.7    # global_config.default_init_new_token_ratio (× schedule_conservativeness 1)
-    min_new_token_ratio_factor: float = 0.14
-    new_token_ratio_decay_steps: int = 600
-    retract_decode_steps: int = 20
+    min_new_token_ratio_factor: float = 0.14   # the ratio's floor as a fraction of its start
+    new_token_ratio_decay_steps: int = 600     # decode steps from the start to the floor
+    retract_decode_steps: int = 20             # decode tokens per request the KV left after a retraction covers
     clip_max_new_tokens: int = 4096      # CLIP_MAX_NEW_TOKENS_ESTIMATION
     prefix_caching: bool = True          # the radix cache (off: --disable-radix-cache)
 
