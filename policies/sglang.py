@@ -25,7 +25,8 @@ Defaults: chunked_prefill_size by GPU memory as ServerArgs picks it (2048 below 
 below 160 GiB, else 16384); max_running_requests from the KV pool, M // 2, capped by the request pool
 (min(max(M / context × 512, 2048), 4096)). A request's max_new_tokens is taken to be its output length (benchmarks
 send max_tokens = the output length). Not modelled: in-batch prefix de-prioritisation, priority scheduling, the
-overlap scheduler, mixed chunks, page sizes other than memory.block_size."""
+overlap scheduler, mixed chunks, page sizes other than memory.block_size, SGLang's own pool sizing (a derived M
+follows vLLM's profiling rule at the chunk size and 1024 sequences; give memory.M to match a deployment)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,7 +108,9 @@ class SGLangScheduler(Policy):
             self.context = model.max_context
 
     def profile_batch(self):
-        return max(self.chunk, 1) if self.chunk else self.config.max_prefill_tokens, self.max_running
+        """What sizes a derived M: vLLM's profiling rule at the chunk size and 1024 sequences (SGLang itself sizes
+        its pool by mem_fraction_static; give memory.M to match a deployment)."""
+        return (self.chunk or self.config.max_prefill_tokens), self.config.max_running_requests or 1024
 
     def bind(self, view) -> None:
         if not self.config.max_running_requests:
