@@ -44,7 +44,7 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "overheads", "kv_capacity_tokens", "wall_s")
 
 
-MECHANISM_PREFIXES = ("spec_", "radix_", "policy_sglang_", "session_", "lora_")   # speculative decoding; SGLang radix cache, scheduler
+MECHANISM_PREFIXES = ("spec_", "radix_", "policy_sglang_", "session_", "lora_", "prefix_disk_")   # speculative decoding; SGLang radix cache, scheduler
 
 
 def print_summary(summary: dict, title: str = "", file=None) -> None:

@@ -167,6 +167,7 @@ class Simulation:
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = 0
+            view.step_disk_s = 0.0
             arrived_at_schedule = self.arrived
             view.step_swap_hidden = 0
             memory.clock = now                          # frees are queued by time (sim/kv/prefix_cache.py)
@@ -290,7 +291,10 @@ class Simulation:
         if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
             shape.kv_bits = kv_bits
             shape.dequant_tokens = sum(dc) + sum(pc)
-        return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
+        t = self.costmodel.batch_time(shape)
+        if view.step_disk_s:               # prefix blocks read from the disk tier before their PCIe copy
+            t += view.step_disk_s
+        return t, sum(pt), len(pt), len(dc) + batch.cohort
 
     def _spec_batch_time(self, batch):
         """_batch_time with speculation: a decode scheduled with 1 + k tokens is a verify pass, priced as a chunk of
@@ -320,7 +324,7 @@ class Simulation:
                 draft_dc.append(m + 1)
         shape.swap_hidden_tokens = view.step_swap_hidden
         t = self.costmodel.batch_time(shape) + self.speculation.draft_time(draft_pt, draft_pc, draft_dc)
-        return t, prefill, n_prefill, n_decode
+        return t + view.step_disk_s, prefill, n_prefill, n_decode
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""

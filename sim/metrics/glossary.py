@@ -84,8 +84,10 @@ PATTERNS = (
     ("`slo_attainment_<class>`", "fraction", "attainment within one request class"),
     ("`policy_<counter>`", "count", "how often a policy's own mechanism fired (hidden-cache decodes, lent KV blocks, "
                                     "offloads, promotions, ...)"),
-    ("`prefix_gpu_hit_tokens`, `prefix_cpu_hit_tokens`, `prefix_evicted_blocks`", "tokens / blocks",
-     "prefix caching: prompt tokens found in the GPU cache and in the CPU tier, cached blocks evicted"),
+    ("`prefix_gpu_hit_tokens`, `prefix_cpu_hit_tokens`, `prefix_disk_hit_tokens`, `prefix_evicted_blocks`, "
+     "`prefix_disk_writes`", "tokens / blocks",
+     "prefix caching: prompt tokens found in the GPU cache, the CPU tier and the disk tier, cached blocks evicted "
+     "from the GPU, blocks the CPU tier demoted to disk"),
 )
 
 

@@ -110,7 +110,18 @@ def build_memory(scn: Scenario, model, policy, M: int):
     if caching:
         from sim.kv.prefix_cache import PrefixCachingKVManager
         cpu_blocks = int(mem.cpu_offload_gib * GiB // (kv_per_token * mem.block_size))
-        if getattr(policy, "radix_cache", False):      # SGLang: the radix tree's eviction (sim/kv/radix.py)
+        radix = getattr(policy, "radix_cache", False)
+        if mem.disk_offload_gib:                          # a disk tier under the CPU tier (sim/kv/tiers.py)
+            if not mem.cpu_offload_gib:
+                raise UserError("memory.disk_offload_gib: the disk tier sits under the CPU tier; set "
+                                "memory.cpu_offload_gib > 0")
+            from sim.kv.tiers import TieredPrefixKVManager, TieredRadixKVManager
+            block_bytes = kv_per_token * mem.block_size
+            cls = TieredRadixKVManager if radix else TieredPrefixKVManager
+            return cls(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks,
+                       disk_blocks=int(mem.disk_offload_gib * GiB // block_bytes),
+                       disk_seconds_per_block=block_bytes * scn.hardware.tp / (mem.disk_gb_per_s * 1e9))
+        if radix:                                         # SGLang: the radix tree's eviction (sim/kv/radix.py)
             from sim.kv.radix import RadixKVManager
             return RadixKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
         return PrefixCachingKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)

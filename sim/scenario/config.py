@@ -46,6 +46,8 @@ class MemorySection:
     kv_quant_bits: int = 16            # store KV quantized (8 = INT8, ALISE): M holds 16/bits × tokens; reads pay dequant
     prefix_caching: typing.Optional[bool] = None   # automatic prefix caching; null: the policy's engine default
     cpu_offload_gib: float = 0.0       # CPU tier behind the prefix cache (vLLM's KV offloading), GiB per GPU
+    disk_offload_gib: float = 0.0      # disk tier under the CPU tier (LMCache-style), GiB per GPU
+    disk_gb_per_s: float = 2.0         # the disk tier's read bandwidth, GB/s for the whole server
 
 
 @dataclass
@@ -101,6 +103,10 @@ class Scenario:
         for sec in ("speculative", "lora"):   # off: left out, so a run's identity (sweep keys) stays what it was
             if not d.get(sec):
                 d.pop(sec, None)
+        mem = d["memory"]
+        for k, default in (("disk_offload_gib", 0.0), ("disk_gb_per_s", 2.0)):   # the same for the disk tier
+            if mem.get(k) == default:
+                mem.pop(k)
         return d
 
 
@@ -294,6 +300,8 @@ _RANGES = (
     ("memory", "swap_space_gib", lambda v: v >= 0, ">= 0"),
     ("memory", "activation_reserve_gib", lambda v: v is None or v >= 0, ">= 0 or null"),
     ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
+    ("memory", "disk_offload_gib", lambda v: v >= 0, ">= 0 (0 = no disk tier)"),
+    ("memory", "disk_gb_per_s", lambda v: v > 0, "> 0 (GB/s)"),
     ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
