@@ -323,6 +323,10 @@ class Simulation:
                 n_decode += 1
                 draft_dc.append(m + 1)
         shape.swap_hidden_tokens = view.step_swap_hidden
+        kv_bits = getattr(self.memory, "kv_bits", 16)
+        if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
+            shape.kv_bits = kv_bits
+            shape.dequant_tokens = sum(dc) + sum(pc)
         t = self.costmodel.batch_time(shape) + self.speculation.draft_time(draft_pt, draft_pc, draft_dc)
         return t + view.step_disk_s, prefill, n_prefill, n_decode
 
