@@ -101,3 +101,11 @@ def test_a_policy_without_the_max_loras_rule_is_refused():
     scn.policy = {"name": "sglang"}
     with pytest.raises(UserError, match="does not apply max_loras; allowed: .*vllm-v1"):
         build_simulation(scn)
+
+
+def test_a_cluster_refuses_lora_in_one_line():
+    from sim.cluster.runner import run_scenario
+    scn = _scn()
+    scn.cluster = {"replicas": 2}
+    with pytest.raises(UserError, match="lora: .*a cluster does not run them"):
+        run_scenario(scn)

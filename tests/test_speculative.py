@@ -205,3 +205,15 @@ def test_a_derived_m_leaves_room_for_the_drafter():
     ngram = build_simulation(scenario_from_dict({**raw, "speculative": {"method": "ngram", "k": 2,
                                                                          "acceptance_rate": 0.5}}))
     assert ngram.memory_breakdown.kv_tokens == plain.kv_tokens
+
+
+def test_a_cluster_speculates_on_every_replica_and_sums_the_counters():
+    from sim.cluster.runner import run_scenario
+    scn = _scenario(memory={"M": 200000}, cluster={"replicas": 2, "router": "round_robin"})
+    res = run_scenario(scn)
+    req = res.requests
+    assert (req["status"] == "done").all() and (req["generated_tokens"] == req["output_tokens"]).all()
+    s = res.summary
+    assert s["spec_steps"] > 0 and s["spec_acceptance"] == s["spec_drafts_accepted"] / s["spec_drafts_proposed"]
+    again = run_scenario(_scenario(memory={"M": 200000}, cluster={"replicas": 2, "router": "round_robin"}))
+    assert again.requests.equals(res.requests)

@@ -183,13 +183,21 @@ class Speculation:
 
     def stats(self) -> dict:
         """The run summary's speculation counters."""
-        nan = float("nan")
-        return {"spec_steps": self.steps, "spec_drafts_proposed": self.proposed, "spec_drafts_accepted": self.accepted,
-                "spec_acceptance": self.accepted / self.proposed if self.proposed else nan,
-                "spec_tokens_per_step": self.tokens / self.steps if self.steps else nan,
-                "spec_full_steps": self.full_steps,
-                "spec_full_tokens_per_step": self.full_tokens / self.full_steps if self.full_steps else nan,
-                "spec_freed_blocks": self.freed_blocks, "spec_draft_time_s": self.draft_time_s}
+        return merged_stats([self])
+
+
+def merged_stats(specs) -> dict:
+    """Speculation counters summed over replicas (one replica: its own), ratios from the sums."""
+    nan = float("nan")
+    steps, proposed, accepted, tokens, full_steps, full_tokens, freed, draft = (
+        sum(getattr(s, k) for s in specs) for k in ("steps", "proposed", "accepted", "tokens", "full_steps",
+                                                    "full_tokens", "freed_blocks", "draft_time_s"))
+    return {"spec_steps": steps, "spec_drafts_proposed": proposed, "spec_drafts_accepted": accepted,
+            "spec_acceptance": accepted / proposed if proposed else nan,
+            "spec_tokens_per_step": tokens / steps if steps else nan,
+            "spec_full_steps": full_steps,
+            "spec_full_tokens_per_step": full_tokens / full_steps if full_steps else nan,
+            "spec_freed_blocks": freed, "spec_draft_time_s": draft}
 
 
 def drafter_memory(cfg: SpeculativeConfig, target, draft, tp: int, kv_dtype=None) -> tuple[float, float]:
