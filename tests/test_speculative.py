@@ -217,3 +217,18 @@ def test_a_cluster_speculates_on_every_replica_and_sums_the_counters():
     assert s["spec_steps"] > 0 and s["spec_acceptance"] == s["spec_drafts_accepted"] / s["spec_drafts_proposed"]
     again = run_scenario(_scenario(memory={"M": 200000}, cluster={"replicas": 2, "router": "round_robin"}))
     assert again.requests.equals(res.requests)
+
+
+def test_an_acceptance_file_gives_the_per_request_lists(tmp_path):
+    f = tmp_path / "acc.csv"
+    f.write_text("request_id,accepted\n0,2\n0,0\n0,3\n")
+    cfg = speculative_config({"method": "ngram", "k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    assert cfg.accepted == {0: [2, 0, 3]}
+    f.write_text("request_id,accepted\n0,2\n0,x\n")
+    with pytest.raises(UserError, match=r"acc.csv: row 3: expected integer columns request_id and accepted"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    f.write_text("request_id,accepted\n0,5\n")
+    with pytest.raises(UserError, match=r"accepted.0: must be a list of integers in \[0, k = 3\]"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    with pytest.raises(UserError, match="cannot read"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(tmp_path / "none.csv")})

@@ -9,8 +9,8 @@ What one decode step of a request does with speculation on (vLLM v1 and SGLang r
 - j drafts are accepted (the first j, up to the first rejection) and one more token comes from the target, so the
   request gains j + 1 tokens at the step's end (never more than it has left: exact output counts hold); the KV of
   the k_eff - j rejected positions is released (whole blocks past the kept tokens go back to the pool).
-Acceptance: a per-request list of accepted counts (`accepted: {request id: [j, ...]}`), used step by step while
-it lasts, then the rate `acceptance_rate` a: each draft token is accepted with probability a given that the ones
+Acceptance: a per-request list of accepted counts (`accepted: {request id: [j, ...]}`, or `accepted_file`, a CSV
+of request_id, accepted), used step by step while it lasts, then the rate `acceptance_rate` a: each draft token is accepted with probability a given that the ones
 before it were, so j = min(G - 1, k_eff) with G geometric(1 - a), and E[j + 1] = (1 - a^(k+1)) / (1 - a).
 Every draw comes from one numpy Generator seeded from the scenario (same seed, same tables).
 
@@ -44,6 +44,7 @@ class SpeculativeConfig:
     k: int = 3                            # draft tokens proposed per step (vLLM's num_speculative_tokens)
     acceptance_rate: float | None = None  # probability a draft token is accepted given the ones before it were
     accepted: dict = field(default_factory=dict)   # request id -> accepted drafts per step, used first
+    accepted_file: str | None = None      # the same as a CSV: request_id, accepted (one row per verify step, in order)
     draft_model: str | None = None        # method draft_model: a model name in the catalog
     draft_fraction: float | None = None   # eagle/mtp: one head pass / one target pass (null: 1 / target layers)
     seed: int | None = None               # null: the scenario's seed
@@ -78,8 +79,9 @@ class SpeculativeConfig:
                                 f"got {seq!r}")
 
 
-def speculative_config(section: dict, where: str = "speculative") -> SpeculativeConfig | None:
-    """The section as a validated config; None when it is empty (speculation off)."""
+def speculative_config(section: dict, where: str = "speculative", base=None) -> SpeculativeConfig | None:
+    """The section as a validated config; None when it is empty (speculation off). `base`: the scenario's folder,
+    where a relative accepted_file is looked for first."""
     if not section:
         return None
     names = set(SpeculativeConfig.__dataclass_fields__)
@@ -87,8 +89,35 @@ def speculative_config(section: dict, where: str = "speculative") -> Speculative
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, bad))}; allowed: {', '.join(sorted(names))}")
     cfg = SpeculativeConfig(**section)
+    if cfg.accepted_file:
+        if cfg.accepted:
+            raise UserError(f"{where}: give accepted or accepted_file, not both")
+        cfg.accepted = read_acceptance_file(cfg.accepted_file, f"{where}.accepted_file", base)
     cfg.validate(where)
     return cfg
+
+
+def read_acceptance_file(path, where: str, base=None) -> dict:
+    """request id -> accepted drafts per verify step, from a CSV with columns request_id and accepted (rows of one
+    request in step order). A bad row is named in one line."""
+    import csv
+    from sim.paths import resolve_user_path
+    p = resolve_user_path(path, base)
+    try:
+        with open(p, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise UserError(f"{where}: cannot read {path}: {e.strerror or e}") from None
+    out: dict = {}
+    for n, row in enumerate(rows, start=2):         # line 1 is the header
+        try:
+            rid, j = int(row["request_id"]), int(row["accepted"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{p}: row {n}: expected integer columns request_id and accepted, got {row!r}") from None
+        if j < 0:
+            raise UserError(f"{p}: row {n}: accepted must be >= 0, got {j}")
+        out.setdefault(rid, []).append(j)
+    return out
 
 
 class Speculation:

@@ -133,7 +133,7 @@ def with_drafter(scn: Scenario, breakdown, model):
     import dataclasses
     import math
     from sim.engine.speculative import drafter_memory, speculative_config
-    cfg = speculative_config(scn.speculative)
+    cfg = speculative_config(scn.speculative, base=scn.base_dir())
     draft = get_model(cfg.draft_model, "speculative.draft_model") if cfg.method == "draft_model" else None
     weights, per_token = drafter_memory(cfg, model, draft, scn.hardware.tp, scn.memory.kv_dtype)
     if not weights and not per_token:
@@ -173,7 +173,7 @@ def build_lora(scn: Scenario, policy, model, gpu):
 def build_speculation(scn: Scenario, policy, target_cm, gpu):
     """The engine's speculative decoding from the scenario's `speculative:` section, or None when it is empty."""
     from sim.engine.speculative import Speculation, speculative_config
-    cfg = speculative_config(scn.speculative)
+    cfg = speculative_config(scn.speculative, base=scn.base_dir())
     if cfg is None:
         return None
     name = scn.policy.get("name")
