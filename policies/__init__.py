@@ -8,3 +8,4 @@ from policies import alise as _alise  # noqa: F401  (registers alise and its mem
 __all__ = ["Batch", "Policy", "POLICIES", "register_policy", "build_policy"]
 from policies import aptserve as _aptserve  # noqa: F401,E402  (registers aptserve, aptserve-kv, -fcfs, -decay, -s)
 from policies import bros as _bros  # noqa: F401,E402  (registers bros, bros-nobi, bros-rr)
+from policies import sglang as _sglang  # noqa: F401,E402  (registers sglang, sglang-lpm)

@@ -52,6 +52,8 @@ class UnifiedScheduler(Policy):
     """GetNextBatch of Algorithm 1: ordered groups → hybrid check → CanAllocate(C, P, M, R_max) → evict or move on."""
 
     name = "unified"
+    speculative_decoding = True     # a decode takes view.spec_tokens drafts when the engine speculates
+    lora_scheduling = True          # admissions keep to view.lora.max_loras distinct adapters (multi-LoRA)
 
     @dataclass
     class Config:
@@ -367,7 +369,8 @@ class UnifiedScheduler(Policy):
         # Hot path: a running request whose share (one decode token, or a prefill chunk) fits the budget and
         # its next blocks is what most candidates are; it is taken inline (the state changes _consider makes)
         # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
-        inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+        inline = (getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+                  and not getattr(view, "spec_tokens", 0))
         mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
         group_stops = inline and hybrid and chunked and not cfg.skip_blocked
         for group in self._groups(view, batch, st):
@@ -407,6 +410,8 @@ class UnifiedScheduler(Policy):
         if not holding:
             if st["static_block"] or (st["preempted"] and not cfg.admit_after_preemption):
                 return _NEXT_GROUP
+            if cand.adapter >= 0 and getattr(view, "lora", None) is not None and not self._lora_fits(view, cand, st):
+                return _NEXT_CAND                  # vLLM: a request that would pass max_loras is skipped
             if view.prefix_caching and cand.state == _WAITING:
                 view.lookup_prefix(cand)           # cached full blocks count as computed (vLLM v1)
         # ③ CanAllocate: token budgets
@@ -425,6 +430,9 @@ class UnifiedScheduler(Policy):
                 c = 0
         else:
             c = 1 if used < self.C else 0
+            spec = getattr(view, "spec_tokens", 0)
+            if c and spec:                 # speculative decoding: the last token and its drafts, within the budget
+                c = min(1 + min(spec, cand.output_tokens - cand.generated - 1), self.C - used)
         if c <= 0:
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP
         if not holding and self.R_max and len(view.running) >= self.R_max:
@@ -453,7 +461,21 @@ class UnifiedScheduler(Policy):
         cand.sched_stamp = stamp
         batch.add(cand, c, is_prefill)
         st["phase"] = is_prefill
+        if not holding and "loras" in st and cand.adapter >= 0:
+            st["loras"].add(cand.adapter)
         return _NEXT_CAND
+
+    @staticmethod
+    def _lora_fits(view, cand, st) -> bool:
+        """May a waiting request with an adapter join? Its adapter is already running, or fewer than max_loras
+        distinct adapters are (every running request's, and those admitted this step)."""
+        active = st.get("loras")
+        if active is None:
+            active = st["loras"] = {r.adapter for r in view.running if r.adapter >= 0}
+        if cand.adapter in active or len(active) < view.lora.max_loras:
+            return True
+        view.lora.skipped += 1
+        return False
 
     def _preempt(self, view, r, stamp, st):
         view.preempt(r, mode=self.config.preemption, front=self.config.requeue == "front")

@@ -44,12 +44,16 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "overheads", "kv_capacity_tokens", "wall_s")
 
 
+MECHANISM_PREFIXES = ("spec_", "radix_", "policy_sglang_", "session_", "lora_", "prefix_disk_")   # speculative decoding; SGLang radix cache, scheduler
+
+
 def print_summary(summary: dict, title: str = "", file=None) -> None:
     file = file or sys.stdout
     if title:
         print(title, file=file)
     from sim.metrics.glossary import unit
     keys = [k for k in SUMMARY_KEYS if k in summary] + sorted(k for k in summary if k.startswith("slo_attainment_"))
+    keys += [k for k in summary if k.startswith(MECHANISM_PREFIXES)]      # the engine mechanisms that fired
     w = max(len(k) for k in keys)
     for k in keys:
         v = summary[k]

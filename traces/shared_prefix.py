@@ -165,7 +165,7 @@ def _grow(n, user, group, rounds, outputs, sys_len, own, out_len, max_len):
 
 
 CHAT_KEYS = ("conversations", "start", "turns", "system_prompt_len", "num_system_prompts", "user_tokens",
-             "output", "think_time_s", "max_model_len", "cls")
+             "output", "think_time_s", "max_model_len", "cls", "closed_loop", "think")
 
 
 @register_workload("multi_turn")
@@ -173,9 +173,22 @@ def multi_turn(spec, rng, where):
     """Conversations whose history grows: turn t's prompt is the system prompt, every earlier question and answer,
     and the new question. Conversations start by `start` (an arrival process); turns follow after the previous
     turn's start by an exponential think time (open loop: a turn may arrive before its predecessor finished, and
-    then finds less of its history cached). When a prompt would pass max_model_len - output, the oldest turns go."""
+    then finds less of its history cached). When a prompt would pass max_model_len - output, the oldest turns go.
+
+    closed_loop: true makes them sessions as agents and chat users run them: turn t + 1 is sent when turn t
+    completes plus a pause (columns `after`: the row it follows, -1 for a first turn; `think_s`: the pause; the
+    engine times them, sim/engine/sessions.py). The pause is drawn from `think`: exponential (mean
+    think_time_s, the default), constant (think_time_s), or a list of seconds used in turn (a tool-call trace);
+    a pause may be 0 (an agent calling the model again at once)."""
     from traces.lengths import draw_lengths
     _check_keys(spec, CHAT_KEYS, where)
+    closed = spec.get("closed_loop", False)
+    if not isinstance(closed, bool):
+        raise UserError(f"{where}.closed_loop: expected true or false, got {closed!r}")
+    if not closed and "think" in spec:
+        raise UserError(f"{where}.think: pauses after a turn completes need closed_loop: true")
+    if closed:
+        return _closed_loop(spec, rng, where)
     conv = _int(spec, "conversations", where, 100)
     n_sys = _int(spec, "num_system_prompts", where, 1)
     sys_len = _int(spec, "system_prompt_len", where, 200, minimum=0)
@@ -184,7 +197,7 @@ def multi_turn(spec, rng, where):
     if isinstance(think, bool) or not isinstance(think, (int, float)) or not think > 0:
         raise UserError(f"{where}.think_time_s: must be a number > 0, got {think!r}")
     starts = draw_arrivals(spec.get("start") or {"process": "poisson", "rate": 1.0}, conv, rng, f"{where}.start")
-    turns = draw_lengths(spec.get("turns", {"dist": "uniform", "min": 2, "max": 8}), conv, rng, f"{where}.turns")
+    turns = draw_lengths(spec.get("turns", {"dist": "uniform", "low": 2, "high": 8}), conv, rng, f"{where}.turns")
     rows = []
     for c in range(conv):
         t = float(starts[c])
@@ -216,6 +229,69 @@ def multi_turn(spec, rng, where):
         out["prefix"].append(segs)
         out["session"].append(c)
         last[c] = row
+    df = pd.DataFrame(out)
+    if spec.get("cls") is not None:
+        df["cls"] = str(spec["cls"])
+    return df
+
+
+def _pauses(spec, n: int, rng, where) -> np.ndarray:
+    """n pauses (seconds) between a turn's completion and the next turn: `think` exponential | constant | a list."""
+    mean = spec.get("think_time_s", 10.0)
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not np.isfinite(mean) or mean < 0:
+        raise UserError(f"{where}.think_time_s: must be a number >= 0 (seconds), got {mean!r}")
+    kind = spec.get("think", "exponential")
+    if isinstance(kind, list):
+        if not kind or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x < 0
+                           for x in kind):
+            raise UserError(f"{where}.think: a list of pauses must hold numbers >= 0 (seconds), got {kind!r}")
+        return np.resize(np.asarray(kind, dtype=float), n)
+    if kind == "exponential":
+        return rng.exponential(mean, n) if mean > 0 else np.zeros(n)
+    if kind == "constant":
+        return np.full(n, float(mean))
+    raise UserError(f"{where}.think: {kind!r} is not allowed; allowed: exponential, constant, or a list of seconds")
+
+
+def _closed_loop(spec, rng, where) -> pd.DataFrame:
+    """multi_turn with closed_loop: the same conversations, each turn sent after the one before it completes."""
+    from traces.lengths import draw_lengths
+    conv = _int(spec, "conversations", where, 100)
+    n_sys = _int(spec, "num_system_prompts", where, 1)
+    sys_len = _int(spec, "system_prompt_len", where, 200, minimum=0)
+    max_len = _int(spec, "max_model_len", where, 4096)
+    starts = draw_arrivals(spec.get("start") or {"process": "poisson", "rate": 1.0}, conv, rng, f"{where}.start")
+    turns = draw_lengths(spec.get("turns", {"dist": "uniform", "low": 2, "high": 8}), conv, rng, f"{where}.turns")
+    out = {"arrival_s": [], "prompt_tokens": [], "output_tokens": [], "prefix": [], "session": [], "after": [],
+           "think_s": []}
+    pauses = _pauses(spec, int(turns.sum()), rng, where)
+    used = 0
+    for c in np.argsort(starts, kind="stable"):   # rows in order of the sessions' first arrival
+        k = int(turns[c])
+        q = draw_lengths(spec.get("user_tokens", 100), k, rng, f"{where}.user_tokens")
+        o = draw_lengths(spec.get("output", 200), k, rng, f"{where}.output")
+        hist: list = []
+        prev = -1
+        for j in range(k):
+            if j:
+                hist.append(((("g", prev), int(o[j - 1])),))
+            hist.append(((("cq", int(c), j), int(q[j])),))
+            base = [(("sys", int(c) % n_sys), sys_len)] if sys_len else []
+            body = [s for tt in hist for s in tt]
+            while len(hist) > 1 and sys_len + sum(n for _, n in body) > max_len - int(o[j]):
+                hist.pop(0)
+                body = [s for tt in hist for s in tt]
+            segs = tuple(base + body)
+            row = len(out["arrival_s"])
+            out["arrival_s"].append(float(starts[c]))      # later turns: the session's start until released
+            out["prompt_tokens"].append(sum(n for _, n in segs))
+            out["output_tokens"].append(int(o[j]))
+            out["prefix"].append(segs)
+            out["session"].append(int(c))
+            out["after"].append(prev)
+            out["think_s"].append(float(pauses[used]) if j else 0.0)
+            used += 1 if j else 0
+            prev = row
     df = pd.DataFrame(out)
     if spec.get("cls") is not None:
         df["cls"] = str(spec["cls"])

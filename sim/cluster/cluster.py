@@ -348,6 +348,12 @@ class Cluster:
         rng = np.random.default_rng(scn.seed)
         if requests is None:
             requests = requests_from_table(build_workload(scn.workload, rng))
+        if scn.lora:
+            raise UserError("lora: adapters are drawn per request on one replica; a cluster does not run them yet "
+                            "(remove the lora section)")
+        if any(r.after is not None for r in requests):
+            raise UserError("workload: closed-loop sessions (a turn sent after the previous one completes) run on one "
+                            "replica; a cluster routes a fixed arrival list (set closed_loop: false)")
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.replicas: list = []
         self.groups: list = []

@@ -89,6 +89,10 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         summ["prefix_hit_rate"] = hits / q if q else NAN
         for k in ("prefix_gpu_hit_tokens", "prefix_cpu_hit_tokens", "prefix_evicted_blocks"):
             summ[k] = int(sum(m.stats()[k] for m in caches))
+    specs = [h.sim.speculation for h in built if getattr(h.sim, "speculation", None) is not None]
+    if specs:                                      # speculative decoding, over the whole cluster
+        from sim.engine.speculative import merged_stats
+        summ.update(merged_stats(specs))
     summ["wall_s"] = wall_s
     infeasible = [r for h in built for r in h.sim.infeasible]
     caps = [res.capacity_tokens for res in results]

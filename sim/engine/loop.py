@@ -56,13 +56,23 @@ class Simulation:
 
     def __init__(self, requests, policy, costmodel, memory: KVCacheManager, *, max_iterations: int = 0,
                  watchdog_iterations: int = 200_000, keep_token_times: bool = False, record_iterations: bool = True,
-                 fast_forward: bool = True, max_model_len: int = 0):
+                 fast_forward: bool = True, max_model_len: int = 0, speculation=None, lora=None):
         self.policy = policy
         self.costmodel = costmodel
         policy.prepare(costmodel)
         memory = build_layout(memory, costmodel, policy.kv_layout(memory, costmodel))   # a policy's own KV layout
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
+        # Speculative decoding (sim/engine/speculative.py): decodes verify k drafts per step; every step draws
+        # acceptances, so the decode cohort and closed-form stretches are off (the SimPy-free clock stays).
+        self.speculation = speculation
+        if speculation is not None:
+            self.view.spec_tokens = speculation.k
+        self.lora = lora                       # multi-LoRA (sim/engine/lora.py): same fast paths off as speculation
+        if lora is not None:
+            self.view.lora = lora
+            lora.assign(requests)
+        per_step = speculation is not None or lora is not None
         self.max_iterations = max_iterations
         self.watchdog_iterations = watchdog_iterations
         self.keep_token_times = keep_token_times
@@ -71,6 +81,13 @@ class Simulation:
         self.all_requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.infeasible = []
         self.requests = [r for r in self.all_requests if self._feasible(r)]
+        # Closed-loop sessions (sim/engine/sessions.py): a turn arrives when the one before it completes, plus its
+        # think time; only first turns are in the arrival stream, and the plain SimPy loop runs the replica.
+        self.sessions = None
+        if any(r.after is not None for r in self.all_requests):
+            from sim.engine.sessions import Sessions
+            self.sessions = Sessions(self)
+            fast_forward = False
         if hasattr(memory, "bind_requests"):       # prefix caching: which answers later prompts repeat
             memory.bind_requests(self.requests)
         self.completed = 0
@@ -79,7 +96,7 @@ class Simulation:
         self.truncated = False
         self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
         self._idle = None
-        self.fast_forward = FastForward(self) if fast_forward else None
+        self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
@@ -120,7 +137,8 @@ class Simulation:
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
-        reqs, n, i = self.requests, len(self.requests), 0
+        reqs = self.requests if self.sessions is None else self.sessions.first_turns
+        n, i = len(reqs), 0
         while i < n:
             t = reqs[i].arrival_s
             if t > env.now:
@@ -128,7 +146,7 @@ class Simulation:
             while i < n and reqs[i].arrival_s <= t:
                 self.view.waiting.append(reqs[i])
                 i += 1
-            self.arrived = i
+            self.arrived = i if self.sessions is None else i + self.sessions.released
             if self._idle is not None and not self._idle.triggered:
                 self._idle.succeed()
 
@@ -150,6 +168,7 @@ class Simulation:
             view.iteration += 1
             view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
             view.step_hidden_recompute = 0
+            view.step_disk_s = 0.0
             arrived_at_schedule = self.arrived
             view.step_swap_hidden = 0
             memory.clock = now                          # frees are queued by time (sim/kv/prefix_cache.py)
@@ -228,6 +247,12 @@ class Simulation:
     def _batch_time(self, batch):
         """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
         view = self.view
+        if self.lora is not None:          # the adapters' loads and GEMMs on top of the step
+            t, prefill, n_prefill, n_decode = (self._spec_batch_time(batch) if self.speculation is not None
+                                               else self._shape_batch_time(batch))
+            return t + self.lora.step_time(batch), prefill, n_prefill, n_decode
+        if self.speculation is not None:
+            return self._spec_batch_time(batch)
         if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
                                             or view.step_swap_hidden):
             # No memory action to charge and a sums-only model (accepts_decode_sums): the integers the shape's
@@ -246,6 +271,11 @@ class Simulation:
                     ck += c * m
                     pk += m
             return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+        return self._shape_batch_time(batch)
+
+    def _shape_batch_time(self, batch):
+        """_batch_time through a BatchShape (memory actions, quantized KV, the cohort given in aggregate)."""
+        view = self.view
         shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
                            hidden_recompute_tokens=view.step_hidden_recompute)
         pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
@@ -262,11 +292,47 @@ class Simulation:
         if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
             shape.kv_bits = kv_bits
             shape.dequant_tokens = sum(dc) + sum(pc)
-        dt = self.costmodel.batch_time(shape)
-        if not 0.0 <= dt < math.inf:       # an extension's cost model: NaN, inf or negative would corrupt the clock
-            raise UserError(f"costmodel: {type(self.costmodel).__name__}.batch_time returned {dt!r} seconds for a "
+        t = self.costmodel.batch_time(shape)
+        if not 0.0 <= t < math.inf:        # an extension's cost model: NaN, inf or negative would corrupt the clock
+            raise UserError(f"costmodel: {type(self.costmodel).__name__}.batch_time returned {t!r} seconds for a "
                             f"batch of {sum(pt) + sum(dc) + batch.cohort} tokens; it must be a finite number >= 0")
-        return dt, sum(pt), len(pt), len(dc) + batch.cohort
+        if view.step_disk_s:               # prefix blocks read from the disk tier before their PCIe copy
+            t += view.step_disk_s
+        return t, sum(pt), len(pt), len(dc) + batch.cohort
+
+    def _spec_batch_time(self, batch):
+        """_batch_time with speculation: a decode scheduled with 1 + k tokens is a verify pass, priced as a chunk of
+        that many tokens at its context; the drafter's passes are added (sim/engine/speculative.py)."""
+        view = self.view
+        shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
+                           hidden_recompute_tokens=view.step_hidden_recompute)
+        pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
+        prefill = n_prefill = n_decode = 0
+        draft_pt, draft_pc, draft_dc = [], [], []
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached
+            if m < r.input_tokens:
+                pt.append(c)
+                pc.append(m)
+                prefill += c
+                n_prefill += 1
+                draft_pt.append(c)
+                draft_pc.append(m)
+            elif c == 1:
+                dc.append(m + 1)
+                n_decode += 1
+            else:                          # a verify pass: the last token and c - 1 drafts
+                pt.append(c)
+                pc.append(m)
+                n_decode += 1
+                draft_dc.append(m + 1)
+        shape.swap_hidden_tokens = view.step_swap_hidden
+        kv_bits = getattr(self.memory, "kv_bits", 16)
+        if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
+            shape.kv_bits = kv_bits
+            shape.dequant_tokens = sum(dc) + sum(pc)
+        t = self.costmodel.batch_time(shape) + self.speculation.draft_time(draft_pt, draft_pc, draft_dc)
+        return t + view.step_disk_s, prefill, n_prefill, n_decode
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""
@@ -394,7 +460,24 @@ class Simulation:
         generated = 0
         view.kv_cached_tokens += batch.num_tokens
         register = self.memory.register if self.view.prefix_caching else None
+        spec = self.speculation
         for r, c in zip(batch.reqs, batch.tokens):
+            if spec is not None and c > 1 and r.cached >= r.input_tokens:
+                # a verify pass: j drafts accepted and one token from the target, never past the output; the
+                # rejected positions' KV goes back
+                j = spec.draw(r.id, c - 1)
+                gained = min(j + 1, r.output_tokens - r.generated)
+                spec.verified(c - 1, j, gained)
+                view.kv_cached_tokens -= c - gained
+                r.cached += gained
+                spec.freed_blocks += self.memory.trim(r, r.cached)
+                r.generated += gained
+                generated += gained
+                r.token_times.extend([now] * gained)
+                if r.generated >= r.output_tokens:
+                    self._finish(r, now)
+                    finished = True
+                continue
             m = r.cached + c
             r.cached = m
             if register is not None and m - c < r.input_tokens:   # a prefill chunk: its full blocks are hittable now
@@ -438,6 +521,8 @@ class Simulation:
         else:
             self.memory.free(r)
         self.completed += 1
+        if r.followers and self.sessions is not None:       # the session's next turn: after its think time
+            self.sessions.release(r, now)
         if finalize:
             finalize_request(r, self.keep_token_times)
         if self.on_complete is not None:
@@ -481,6 +566,8 @@ class Simulation:
                     self.infeasible.append(r)
                     self.completed += 1
                     dropped.append(r)
+                    if r.followers and self.sessions is not None:
+                        self.sessions.abandon(r)
                     if self.on_drop is not None:
                         self.on_drop(r)
         return bool(dropped)
@@ -500,7 +587,8 @@ class Simulation:
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
-        if (self.exact_fast_paths and self.policy.decode_cohort(self.view)
+        if (self.exact_fast_paths and self.speculation is None and self.lora is None
+                and self.policy.decode_cohort(self.view)
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
@@ -522,6 +610,8 @@ class Simulation:
                     raise RuntimeError("the fast-path replica loop never waits on SimPy")
             else:
                 env = simpy.Environment()
+                if self.sessions is not None:
+                    self.sessions.env = env
                 env.process(self._arrivals(env))
                 done = env.process(self._replica(env))
                 env.run(until=done)
@@ -529,6 +619,13 @@ class Simulation:
 
     def start_in_cluster(self, clock):
         """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
+        if self.lora is not None:
+            from costmodels.errors import UserError
+            raise UserError("lora: adapters are drawn per request on one replica; clusters are not supported with them")
+        if self.sessions is not None:
+            from costmodels.errors import UserError
+            raise UserError("workload: closed-loop sessions run on one replica (a turn waits for the one before it "
+                            "on that replica's clock); clusters are not supported with them")
         self._prepare_run()
         self.arrival_clock = clock
         self.arrived = clock.arrived

@@ -33,6 +33,9 @@ class ReplicaView:
         # Prefix caching (sim/kv/prefix_cache.py): on when the manager can look prompts up.
         self.prefix_caching = hasattr(memory, "lookup")
         self.looked_up: list = []          # waiting requests looked up this step (a hit not admitted lapses)
+        self.spec_tokens = 0               # speculative decoding: draft tokens a decode verifies per step (0: off)
+        self.step_disk_s = 0.0             # disk reads of prefix blocks admitted this step (sim/kv/tiers.py)
+        self.lora = None                   # multi-LoRA (sim/engine/lora.py): max_loras, the skip counter
 
     def _run(self, req) -> None:
         self.running.append(req)
@@ -66,6 +69,7 @@ class ReplicaView:
             loaded = self.memory.loaded_tokens
             if loaded:                     # ... some of them loaded back from the CPU tier this step
                 self.step_swap_in += loaded
+                self.step_disk_s += getattr(self.memory, "disk_load_s", 0.0)   # ... read from disk before that
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.now
             req.hit_tokens = req.cached

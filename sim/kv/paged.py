@@ -73,6 +73,15 @@ class KVCacheManager:
         self.free_blocks += req.blocks
         req.blocks = 0
 
+    def trim(self, req, tokens: int) -> int:
+        """Release `req`'s blocks past those `tokens` need (speculative decoding: rejected drafts); returns how many."""
+        extra = req.blocks - self.blocks_for(tokens)
+        if extra <= 0:
+            return 0
+        self.free_blocks += extra
+        req.blocks -= extra
+        return extra
+
     def lending_ledger(self):
         """A ledger of blocks lent between requests' allocations on this manager (EconoServe, sim/kv/lending.py)."""
         from sim.kv.lending import LoanLedger

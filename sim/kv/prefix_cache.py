@@ -383,6 +383,21 @@ class PrefixCachingKVManager(KVCacheManager):
             self.held.pop(req.id, None)
         req.blocks = 0
 
+    def trim(self, req, tokens: int) -> int:
+        """Release the blank tail blocks past those `tokens` need (rejected speculative drafts): decode blocks are
+        never registered, so they return to the free queue as a blank run, evicted first."""
+        extra = req.blocks - self.blocks_for(tokens)
+        if extra <= 0:
+            return 0
+        if len(self.held.get(req.id, ())) > req.blocks - extra:
+            raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
+        self._blank -= 1
+        self.runs[self._blank] = extra
+        self.free_blocks += extra
+        self.pending.append((self.clock, req.id, [self._blank], extra))
+        req.blocks -= extra
+        return extra
+
     def blocks_returned_on_free(self, req) -> int:
         """Blocks free(req) would return now: its own, not those other requests still hold."""
         held = self.held.get(req.id, ())

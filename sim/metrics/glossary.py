@@ -49,6 +49,31 @@ GLOSSARY = {
     "overheads": ("name", "the CPU/front-end overheads preset charged (profiles/overheads.yaml), custom, or none"),
     "kv_capacity_tokens": ("tokens", "KV capacity M the run had (a cluster: summed over its replicas)"),
     "wall_s": ("s", "host time the simulation took (not simulated time)"),
+    "spec_steps": ("count", "speculative decoding: verify passes that checked at least one draft token"),
+    "spec_drafts_proposed": ("tokens", "speculative decoding: draft tokens verified by the target model"),
+    "spec_drafts_accepted": ("tokens", "speculative decoding: draft tokens the target accepted"),
+    "spec_acceptance": ("fraction", "speculative decoding: accepted over proposed draft tokens"),
+    "spec_tokens_per_step": ("tokens", "speculative decoding: output tokens per verify pass (accepted + 1, "
+                                       "capped by what the request had left)"),
+    "spec_full_steps": ("count", "speculative decoding: verify passes with all k drafts"),
+    "spec_full_tokens_per_step": ("tokens", "speculative decoding: output tokens per verify pass with all k drafts "
+                                            "(expected (1 - a^(k+1)) / (1 - a) at acceptance rate a)"),
+    "spec_freed_blocks": ("blocks", "speculative decoding: KV blocks of rejected draft tokens released"),
+    "spec_draft_time_s": ("s", "speculative decoding: time the drafter added to the steps, summed"),
+    "radix_evicted_leaves": ("blocks", "SGLang radix cache: cached blocks evicted (least recently used unreferenced "
+                                       "leaves)"),
+    "radix_cached_blocks": ("blocks", "SGLang radix cache: blocks cached (in use or evictable) at the end"),
+    "lora_loads_from_host": ("count", "multi-LoRA: adapters loaded into a GPU slot from host memory"),
+    "lora_loads_from_disk": ("count", "multi-LoRA: adapters read from disk (host memory did not hold them), then loaded"),
+    "lora_load_time_s": ("s", "multi-LoRA: step time spent loading adapters, summed"),
+    "lora_compute_time_s": ("s", "multi-LoRA: step time of the adapters' GEMMs, summed"),
+    "lora_skipped_admissions": ("count", "multi-LoRA: times a waiting request was passed over because its adapter "
+                                         "would exceed max_loras (once per request per step)"),
+    "lora_adapters_per_step": ("count", "multi-LoRA: distinct adapters per step that ran any, mean"),
+    "session_turns_released": ("count", "closed-loop sessions: turns sent after the previous turn completed"),
+    "session_turns_abandoned": ("count", "closed-loop sessions: turns never sent because an earlier turn of the "
+                                         "session could not run"),
+    "session_think_s_mean": ("s", "closed-loop sessions: mean pause between a turn's completion and the next turn"),
 }
 
 
@@ -59,8 +84,10 @@ PATTERNS = (
     ("`slo_attainment_<class>`", "fraction", "attainment within one request class"),
     ("`policy_<counter>`", "count", "how often a policy's own mechanism fired (hidden-cache decodes, lent KV blocks, "
                                     "offloads, promotions, ...)"),
-    ("`prefix_gpu_hit_tokens`, `prefix_cpu_hit_tokens`, `prefix_evicted_blocks`", "tokens / blocks",
-     "prefix caching: prompt tokens found in the GPU cache and in the CPU tier, cached blocks evicted"),
+    ("`prefix_gpu_hit_tokens`, `prefix_cpu_hit_tokens`, `prefix_disk_hit_tokens`, `prefix_evicted_blocks`, "
+     "`prefix_disk_writes`", "tokens / blocks",
+     "prefix caching: prompt tokens found in the GPU cache, the CPU tier and the disk tier, cached blocks evicted "
+     "from the GPU, blocks the CPU tier demoted to disk"),
 )
 
 

@@ -168,6 +168,12 @@ class SimResult:
         if hasattr(sim.memory, "stats"):        # prefix caching: hit rate, GPU/CPU hit tokens, evictions
             summ.update(sim.memory.stats())
         summ.update(mechanism_counters(sim))
+        if getattr(sim, "speculation", None) is not None:      # drafts proposed/accepted, tokens per verify pass
+            summ.update(sim.speculation.stats())
+        if getattr(sim, "lora", None) is not None:             # adapter loads, skipped admissions, GEMM time
+            summ.update(sim.lora.stats())
+        if getattr(sim, "sessions", None) is not None:         # closed-loop turns released after their pauses
+            summ.update(sim.sessions.stats())
         return cls(req, it, summ, sim.memory.capacity_tokens)
 
     def write(self, out_dir, fmt: str = "csv") -> list:

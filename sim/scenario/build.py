@@ -78,9 +78,16 @@ def requests_from_table(df) -> list:
     pred = df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in cols else None
     prefix = df["prefix"].to_numpy() if "prefix" in cols else None
     a, p, o = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
-    return [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
+    reqs = [Request(i, a[i], p[i], o[i], cls=str(cls[i]) if cls is not None else "default",
                     predicted_output_tokens=None if pred is None else pred[i],
                     prefix=None if prefix is None else prefix[i]) for i in range(len(df))]
+    if "after" in cols:            # closed-loop sessions: a turn follows the row it names (sim/engine/sessions.py)
+        after = df["after"].to_numpy()
+        think = df["think_s"].to_numpy() if "think_s" in cols else np.zeros(len(df))
+        for i, r in enumerate(reqs):
+            if after[i] >= 0:
+                r.after, r.think_s = reqs[int(after[i])], float(think[i])
+    return reqs
 
 
 def build_memory(scn: Scenario, model, policy, M: int):
@@ -103,8 +110,87 @@ def build_memory(scn: Scenario, model, policy, M: int):
     if caching:
         from sim.kv.prefix_cache import PrefixCachingKVManager
         cpu_blocks = int(mem.cpu_offload_gib * GiB // (kv_per_token * mem.block_size))
+        radix = getattr(policy, "radix_cache", False)
+        if mem.disk_offload_gib:                          # a disk tier under the CPU tier (sim/kv/tiers.py)
+            if not mem.cpu_offload_gib:
+                raise UserError("memory.disk_offload_gib: the disk tier sits under the CPU tier; set "
+                                "memory.cpu_offload_gib > 0")
+            from sim.kv.tiers import TieredPrefixKVManager, TieredRadixKVManager
+            block_bytes = kv_per_token * mem.block_size
+            cls = TieredRadixKVManager if radix else TieredPrefixKVManager
+            return cls(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks,
+                       disk_blocks=int(mem.disk_offload_gib * GiB // block_bytes),
+                       disk_seconds_per_block=block_bytes * scn.hardware.tp / (mem.disk_gb_per_s * 1e9))
+        if radix:                                         # SGLang: the radix tree's eviction (sim/kv/radix.py)
+            from sim.kv.radix import RadixKVManager
+            return RadixKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
         return PrefixCachingKVManager(M, mem.block_size, watermark, swap_tokens, cpu_cache_blocks=cpu_blocks)
     return KVCacheManager(M, mem.block_size, watermark, swap_tokens)
+
+
+def with_drafter(scn: Scenario, breakdown, model):
+    """The KV space left when a speculative drafter shares the GPU: its weights out, its KV in every token's slot."""
+    import dataclasses
+    import math
+    from sim.engine.speculative import drafter_memory, speculative_config
+    cfg = speculative_config(scn.speculative, base=scn.base_dir())
+    draft = get_model(cfg.draft_model, "speculative.draft_model") if cfg.method == "draft_model" else None
+    weights, per_token = drafter_memory(cfg, model, draft, scn.hardware.tp, scn.memory.kv_dtype)
+    if not weights and not per_token:
+        return breakdown
+    room = breakdown.kv_bytes - weights
+    if room <= 0:
+        raise UserError(f"speculative: the drafter's weights ({weights / GiB:.1f} GiB per GPU) leave no KV space")
+    per = breakdown.kv_bytes_per_token + per_token
+    return dataclasses.replace(breakdown, weights=breakdown.weights + weights, kv_bytes_per_token=per,
+                               kv_tokens=int(math.floor(room / per)))
+
+
+def with_reserved(breakdown, nbytes: float, what: str):
+    """The KV space left after `nbytes` more of GPU memory per GPU are reserved."""
+    import dataclasses
+    import math
+    room = breakdown.kv_bytes - nbytes
+    if room <= 0:
+        raise UserError(f"{what}: {nbytes / GiB:.1f} GiB per GPU leave no KV space")
+    return dataclasses.replace(breakdown, weights=breakdown.weights + nbytes,
+                               kv_tokens=int(math.floor(room / breakdown.kv_bytes_per_token)))
+
+
+def build_lora(scn: Scenario, policy, model, gpu):
+    """The engine's multi-LoRA serving from the scenario's `lora:` section, or None when it is empty."""
+    from sim.engine.lora import LoRA, lora_config
+    cfg = lora_config(scn.lora)
+    if cfg is None:
+        return None
+    if not getattr(policy, "lora_scheduling", False):
+        from policies import POLICIES
+        able = sorted(n for n, (cls, _, _) in POLICIES.items() if getattr(cls, "lora_scheduling", False))
+        raise UserError(f"lora: policy {scn.policy.get('name')!r} does not apply max_loras; allowed: {', '.join(able)}")
+    return LoRA(cfg, model, gpu, scn.hardware.tp, scn.seed if cfg.seed is None else cfg.seed)
+
+
+def build_speculation(scn: Scenario, policy, target_cm, gpu):
+    """The engine's speculative decoding from the scenario's `speculative:` section, or None when it is empty."""
+    from sim.engine.speculative import Speculation, speculative_config
+    cfg = speculative_config(scn.speculative, base=scn.base_dir())
+    if cfg is None:
+        return None
+    name = scn.policy.get("name")
+    if not getattr(policy, "speculative_decoding", False):
+        from policies import POLICIES
+        able = sorted(n for n, (cls, _, _) in POLICIES.items() if getattr(cls, "speculative_decoding", False))
+        raise UserError(f"speculative: policy {name!r} does not schedule draft tokens; allowed: {', '.join(able)}")
+    if policy.kv_layout(None, None) is not None:
+        raise UserError(f"speculative: policy {name!r} runs on its own KV layout; speculation needs the paged manager")
+    draft_cm = None
+    if cfg.method == "draft_model":
+        draft = get_model(cfg.draft_model, "speculative.draft_model")
+        draft.check_tp(scn.hardware.tp)
+        # the draft's passes run inside the target's engine step: GPU time only, no second scheduler's overheads
+        draft_cm = build_costmodel({"kind": "auto", "overheads": None}, draft, gpu, scn.hardware.tp,
+                                   "speculative.draft_model")
+    return Speculation(cfg, target_cm, scn.seed if cfg.seed is None else cfg.seed, draft_cm)
 
 
 def build_simulation(scn: Scenario, requests=None) -> Simulation:
@@ -115,6 +201,11 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
     cm = scenario_costmodel(scn, model, gpu)
     policy = build_policy(scn.policy)
     breakdown = memory_breakdown(scn, model, gpu, policy, cm)
+    if breakdown is not None and scn.speculative:
+        breakdown = with_drafter(scn, breakdown, model)
+    lora = build_lora(scn, policy, model, gpu)
+    if breakdown is not None and lora is not None:      # the adapter slots are reserved before the KV cache
+        breakdown = with_reserved(breakdown, lora.reserved_bytes(), "lora")
     M = breakdown.kv_tokens if breakdown is not None else capacity_tokens(scn, model, gpu)
     if requests is None:
         rng = np.random.default_rng(scn.seed)
@@ -124,10 +215,12 @@ def build_simulation(scn: Scenario, requests=None) -> Simulation:
         from sim.kv.quant import quantize_kv
         quantize_kv(memory, scn.memory.kv_quant_bits, kv_dtype=scn.memory.kv_dtype)
     s = scn.sim
+    speculation = build_speculation(scn, policy, cm, gpu)
     sim = Simulation(requests, policy, cm, memory, max_iterations=s.max_iterations,
                      watchdog_iterations=s.watchdog_iterations, keep_token_times=s.keep_token_times,
                      record_iterations=s.record_iterations, fast_forward=s.fast_forward,
-                     max_model_len=scn.model.max_model_len or model.max_context)
+                     max_model_len=scn.model.max_model_len or model.max_context, speculation=speculation,
+                     lora=lora)
     sim.slos = scn.slos()
     sim.policy_name = scn.policy.get("name")     # named in a stuck run's message
     sim.memory_breakdown = breakdown

@@ -47,6 +47,8 @@ class MemorySection:
     kv_quant_bits: int = 16            # store KV quantized (8 = INT8, ALISE): M holds 16/bits × tokens; reads pay dequant
     prefix_caching: typing.Optional[bool] = None   # automatic prefix caching; null: the policy's engine default
     cpu_offload_gib: float = 0.0       # CPU tier behind the prefix cache (vLLM's KV offloading), GiB per GPU
+    disk_offload_gib: float = 0.0      # disk tier under the CPU tier (LMCache-style), GiB per GPU
+    disk_gb_per_s: float = 2.0         # the disk tier's read bandwidth, GB/s for the whole server
 
 
 @dataclass
@@ -74,6 +76,8 @@ class Scenario:
     sim: SimSection = field(default_factory=SimSection)
     solver: dict = field(default_factory=dict)   # knobs of `servesim optimal` (solver.instance.SolverOptions)
     cluster: dict = field(default_factory=dict)  # replicas behind a router, or prefill/decode pools (sim/cluster)
+    lora: typing.Optional[dict] = field(default_factory=dict)   # multi-LoRA serving (sim/engine/lora.py); empty: off
+    speculative: typing.Optional[dict] = field(default_factory=dict)  # speculative decoding (sim/engine/speculative.py); empty: off
     source: str = ""
 
     def slos(self) -> dict:
@@ -97,6 +101,13 @@ class Scenario:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        for sec in ("speculative", "lora"):   # off: left out, so a run's identity (sweep keys) stays what it was
+            if not d.get(sec):
+                d.pop(sec, None)
+        mem = d["memory"]
+        for k, default in (("disk_offload_gib", 0.0), ("disk_gb_per_s", 2.0)):   # the same for the disk tier
+            if mem.get(k) == default:
+                mem.pop(k)
         return d
 
 
@@ -289,6 +300,8 @@ _RANGES = (
     ("memory", "activation_reserve_gib", lambda v: v is None or 0 <= v <= MAX_GIB,
      f">= 0 and <= {MAX_GIB:.0e} GiB, or null"),
     ("memory", "cpu_offload_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 (0 = no CPU tier) and <= {MAX_GIB:.0e} GiB"),
+    ("memory", "disk_offload_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 (0 = no disk tier) and <= {MAX_GIB:.0e} GiB"),
+    ("memory", "disk_gb_per_s", lambda v: 0 < v <= 1e6, "> 0 and <= 1e6 (GB/s)"),
     ("hardware", "host_memory_gib", lambda v: 0 < v <= MAX_GIB, f"> 0 and <= {MAX_GIB:.0e} GiB"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
@@ -349,7 +362,10 @@ def scenario_from_dict(raw: dict, overrides=(), source: str = "scenario") -> Sce
     raw = canonical_names(raw)
     scn = _from_dict(Scenario, raw, "")
     scn.source = source
-    for sec in ("policy", "workload", "costmodel", "cluster"):
+    for sec in ("speculative", "lora"):  # `null` turns them off, as an empty section does
+        if getattr(scn, sec) is None:
+            setattr(scn, sec, {})
+    for sec in ("policy", "workload", "costmodel", "cluster", "speculative", "lora"):
         if not isinstance(getattr(scn, sec), dict):
             raise UserError(f"{source}: {sec}: expected a mapping")
     _check_ranges(scn)

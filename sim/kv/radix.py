@@ -1,0 +1,135 @@
+"""SGLang's radix-tree prefix cache on the paged pool: cached blocks form a tree, and eviction takes the least
+recently used unreferenced leaf, never a node another cached block hangs from.
+
+The tree. Block identities (sim/kv/prefix_cache.py) are interned from (parent identity, content), so the cached
+identities already are a radix tree of pages: a node is one block of block_size tokens, its parent the block
+before it. SGLang's RadixCache with page_size = block_size matches on the same boundaries (page_size 1, its
+default, is memory.block_size 1 here). Lookups and sharing are the prefix cache's: the longest run of cached
+leading blocks, referenced while a request holds them (SGLang's lock_ref along the matched path).
+
+Eviction (SGLang mem_cache/radix_cache.py, evict): free slots that hold nothing are used first (pristine blocks,
+then blank blocks); only when they run out are cached blocks evicted, one leaf at a time, the leaf with the
+oldest last access first (a heap on last_access_time), and a parent whose last cached child went becomes a leaf
+in turn. A node's last access is when it was last released (its holders finished or were retracted); ties go to
+the order the blocks were freed, tail first. vLLM's manager (the parent class) instead evicts in free-queue order,
+which can drop an inner block and strand the cached blocks after it; this one cannot."""
+from __future__ import annotations
+
+import heapq
+
+from sim.kv.prefix_cache import BlockChains, PrefixCachingKVManager
+
+
+class TreeChains(BlockChains):
+    """BlockChains that remember each identity's parent (the radix tree's edges)."""
+
+    def __init__(self, block_size: int):
+        super().__init__(block_size)
+        self.parent: list = []               # identity -> parent identity (-1: the root)
+
+    def _intern(self, parent, pieces) -> int:
+        key = (parent, pieces)
+        i = self.ids.get(key)
+        if i is None:
+            i = self.ids[key] = len(self.ids)
+            self.parent.append(parent)
+        return i
+
+
+class RadixKVManager(PrefixCachingKVManager):
+    """The prefix-caching pool with SGLang's radix-tree eviction (least recently used unreferenced leaf first)."""
+
+    def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
+                 swap_capacity_tokens: int = 0, cpu_cache_blocks: int = 0):
+        super().__init__(capacity_tokens, block_size, watermark, swap_capacity_tokens, cpu_cache_blocks)
+        self.chains = TreeChains(self.block_size)
+        self.children: dict = {}             # identity -> its cached children
+        self.last_access: dict = {}          # identity -> time it was last released
+        self.heap: list = []                 # (last access, push order, identity): eviction candidates, lazily
+        self._pushes = 0
+        self.evicted_leaves = 0              # cached blocks evicted (always leaves here)
+
+    # -- the tree's edges follow every identity that becomes cached ------------------------------------------
+    def _track(self, req, before: int) -> None:
+        new = len(self.ref) - before
+        if new > 0:
+            parent, children = self.chains.parent, self.children
+            for i in self.held[req.id][-new:]:
+                p = parent[i]
+                if p >= 0:
+                    children[p] = children.get(p, 0) + 1
+
+    def register(self, req, upto_tokens: int, private: bool = False) -> None:
+        before = len(self.ref)
+        super().register(req, upto_tokens, private)
+        self._track(req, before)
+
+    def admit(self, req, tokens: int) -> bool:
+        before = len(self.ref)
+        ok = super().admit(req, tokens)
+        if ok:
+            self._track(req, before)
+        return ok
+
+    # -- the free pool -----------------------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Queue the pending frees (canonical order, as the parent's), then pay what allocations took: pristine
+        blocks, blank blocks, then least recently used unreferenced leaves."""
+        q, ref, heap = self.queue, self.ref, self.heap
+        if self.pending:
+            self.pending.sort(key=lambda p: (p[0], p[1]))
+            for t, _, keys, n in self.pending:
+                for k in keys:
+                    q[k] = None
+                    if k >= 0:
+                        self.last_access[k] = t
+                        self._pushes += 1
+                        heapq.heappush(heap, (t, self._pushes, k))
+                self.queued += n
+            self.pending.clear()
+        debt = self.pristine + self.queued - self.free_blocks
+        if debt <= 0:
+            return
+        take = min(debt, self.pristine)
+        self.pristine -= take
+        debt -= take
+        self.queued -= debt
+        runs = self.runs
+        while debt and runs:                    # blank blocks carry nothing: used before any cached one
+            k = next(iter(runs))
+            n = runs[k]
+            if n > debt:
+                runs[k] = n - debt
+                debt = 0
+            else:
+                del runs[k]
+                del q[k]
+                debt -= n
+        children, parent, last = self.children, self.chains.parent, self.last_access
+        while debt:
+            if not heap:
+                raise RuntimeError("radix cache: allocations took more blocks than are free or evictable")
+            t, _, k = heapq.heappop(heap)
+            if ref.get(k, 1) or children.get(k) or last.get(k) != t:
+                continue                        # in use again, not a leaf (yet), or an older entry
+            del q[k]
+            del ref[k]
+            self.evicted_blocks += 1
+            self.evicted_leaves += 1
+            debt -= 1
+            p = parent[k]
+            if p >= 0:
+                left = children[p] - 1
+                if left:
+                    children[p] = left
+                else:
+                    del children[p]
+                    if ref.get(p, 1) == 0:      # the parent is an unreferenced leaf now
+                        self._pushes += 1
+                        heapq.heappush(heap, (last[p], self._pushes, p))
+
+    def stats(self) -> dict:
+        out = super().stats()
+        out["radix_evicted_leaves"] = self.evicted_leaves
+        out["radix_cached_blocks"] = len(self.ref)
+        return out

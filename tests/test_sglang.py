@@ -1,0 +1,155 @@
+"""SGLang preset: radix-tree eviction (free slots before cached ones, leaves only), LPM with its FCFS fallback,
+retraction order and the new-token ratio, and the engine invariants with it on."""
+import pytest
+
+from costmodels.errors import UserError
+from policies import build_policy
+from sim.engine.request import Request
+from sim.kv.prefix_cache import PrefixCachingKVManager
+from sim.kv.radix import RadixKVManager
+from sim.scenario.build import build_simulation
+from sim.scenario.config import scenario_from_dict
+
+
+def _finish(mem, r, t):
+    mem.clock = t
+    r.cached = r.prompt_tokens
+    r.completion_s = t
+    mem.free(r)
+
+
+def _hit_after_pressure(cls):
+    """A (an 8-token shared prompt) finishes, then B (private), then C needs one block, then D repeats A's prompt."""
+    mem = cls(16, block_size=4)                       # 4 blocks
+    a = Request(0, 0.0, 8, 1, prefix=(("s", 8),))
+    mem.lookup(a)
+    assert mem.admit(a, 8)
+    mem.register(a, 8)
+    _finish(mem, a, 1.0)
+    b = Request(1, 0.0, 8, 1)
+    mem.lookup(b)
+    assert mem.admit(b, 8)
+    _finish(mem, b, 2.0)
+    c = Request(2, 0.0, 4, 1)
+    mem.lookup(c)
+    assert mem.admit(c, 4)
+    d = Request(3, 0.0, 9, 1, prefix=(("s", 8),))
+    return mem.lookup(d), mem
+
+
+def test_radix_uses_free_slots_before_evicting_cached_blocks():
+    # vLLM's free queue hands out A's cached tail block first (it was freed first); SGLang's pool takes B's blank
+    # blocks and evicts nothing, so D still finds both of A's blocks.
+    vllm_hit, vllm_mem = _hit_after_pressure(PrefixCachingKVManager)
+    radix_hit, radix_mem = _hit_after_pressure(RadixKVManager)
+    assert (vllm_hit, vllm_mem.evicted_blocks) == (4, 1)
+    assert (radix_hit, radix_mem.evicted_blocks) == (8, 0)
+
+
+def test_radix_evicts_the_least_recently_released_leaf_first():
+    mem = RadixKVManager(12, block_size=4)            # 3 blocks
+    a = Request(0, 0.0, 8, 1, prefix=(("s", 4), ("x", 4)))   # blocks S, X
+    b = Request(1, 0.0, 4, 1, prefix=(("t", 4),))             # block T
+    for r, t in ((a, 1.0), (b, 2.0)):
+        mem.lookup(r)
+        assert mem.admit(r, r.prompt_tokens)
+        mem.register(r, r.prompt_tokens)
+        _finish(mem, r, t)
+    s_id, x_id = a.chain[0][:2]
+    t_id = b.chain[0][0]
+    c = Request(2, 0.0, 4, 1)                         # one fresh block: a cached one must be evicted
+    mem.lookup(c)
+    assert mem.admit(c, 4)
+    mem._settle()
+    # leaves X (released at 1.0) and T (2.0): X goes; S, released with X, is inner until X is gone
+    assert x_id not in mem.ref and s_id in mem.ref and t_id in mem.ref
+    # then S is a leaf released before T: it goes next
+    e = Request(3, 0.0, 4, 1)
+    mem.lookup(e)
+    assert mem.admit(e, 4)
+    mem._settle()
+    assert s_id not in mem.ref and t_id in mem.ref and mem.evicted_leaves == 2
+
+
+def _shared(policy, M=20000, **over):
+    raw = {"name": "sg", "seed": 0, "model": {"name": "llama-3.1-8b", "max_model_len": 8192},
+           "hardware": {"gpu": "h100-sxm"}, "memory": {"M": M},
+           "policy": policy if isinstance(policy, dict) else {"name": policy},
+           "workload": {"kind": "shared_prefix", "num_groups": 20, "num_prompts_per_group": 15,
+                        "system_prompt_len": 1000, "question_len": 200, "output_len": 200,
+                        "stages": [{"rate": 60, "duration": 5}]}}
+    raw.update(over)
+    return scenario_from_dict(raw)
+
+
+def test_sglang_keeps_every_invariant_and_its_mechanisms_fire():
+    sim = build_simulation(_shared("sglang-lpm"))
+    assert isinstance(sim.memory, RadixKVManager)
+    victims = []
+    pol = sim.policy
+    retract = pol._retract
+
+    def spy(view, decodes):
+        before = {r.id: r.generated for r in decodes}
+        retract(view, decodes)
+        gone = [r for r in decodes if r.state != "running"]
+        kept = [r for r in decodes if r.state == "running"]
+        victims.append((gone, kept, before))
+        assert min_ratio <= pol.ratio <= 1.0
+    min_ratio = pol.min_ratio
+    pol._retract = spy
+    commit = pol.on_commit
+
+    def check(view, batch, dt):                       # shared blocks count once: no per-request sum here
+        commit(view, batch, dt)
+        mem = sim.memory
+        assert 0 <= mem.free_blocks <= mem.total_blocks
+        assert all(r.blocks * mem.block_size >= r.cached for r in view.running)
+    pol.on_commit = check
+    res = sim.run()
+    req = res.requests
+    assert (req["status"] == "done").all() and (req["generated_tokens"] == req["output_tokens"]).all()
+    assert res.iterations["kv_alloc_tokens"].max() <= sim.memory.capacity_tokens
+    s = res.summary
+    assert s["policy_sglang_lpm_sorts"] > 0 and s["policy_sglang_lpm_fallbacks"] > 0
+    assert s["policy_sglang_retractions"] > 0 and s["radix_evicted_leaves"] > 0
+    assert victims
+    for gone, kept, before in victims:                # fewest output tokens first (ties: the longest prompt)
+        assert gone
+        for g in gone:
+            for k in kept:
+                assert (before[g.id], -g.prompt_tokens) <= (before[k.id], -k.prompt_tokens)
+    # the tree is closed: every cached block's parent is cached (no stranded blocks)
+    parent = sim.memory.chains.parent
+    assert all(parent[i] < 0 or parent[i] in sim.memory.ref for i in sim.memory.ref)
+
+
+def test_lpm_finds_more_prefix_hits_than_fcfs_under_memory_pressure():
+    fcfs = build_simulation(_shared("sglang")).run().summary
+    lpm = build_simulation(_shared("sglang-lpm")).run().summary
+    assert lpm["prefix_hit_rate"] > fcfs["prefix_hit_rate"]
+
+
+def test_lpm_with_its_limit_at_zero_is_fcfs():
+    a = build_simulation(_shared("sglang")).run()
+    b = build_simulation(_shared({"name": "sglang-lpm", "lpm_queue_limit": 0})).run()
+    assert a.requests.equals(b.requests) and a.iterations.equals(b.iterations)
+    assert b.summary["policy_sglang_lpm_sorts"] == 0
+
+
+def test_new_token_ratio_decays_to_its_floor_without_retraction():
+    pol = build_policy({"name": "sglang"})
+    assert pol.ratio == 0.7 and pol.min_ratio == pytest.approx(0.098)
+    assert pol.decay == pytest.approx((0.7 - 0.098) / 600)
+
+
+def test_sglang_runs_speculative_decoding():
+    scn = _shared("sglang", M=200000, speculative={"method": "eagle", "k": 2, "acceptance_rate": 0.8})
+    res = build_simulation(scn).run()
+    assert res.summary["spec_steps"] > 0
+    assert (res.requests["generated_tokens"] == res.requests["output_tokens"]).all()
+
+
+def test_bad_schedule_policy_is_one_line():
+    with pytest.raises(UserError, match=r"policy.schedule_policy: 'lifo' is not allowed; allowed: fcfs, lpm"):
+        build_policy({"name": "sglang", "schedule_policy": "lifo"})

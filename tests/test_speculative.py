@@ -1,0 +1,234 @@
+"""Speculative decoding: hand-worked token times and KV, exact output counts, KV <= M, determinism, acceptance law."""
+import math
+
+import numpy as np
+import pytest
+
+from costmodels.errors import UserError
+from policies import build_policy
+from sim.engine import Simulation
+from sim.engine.speculative import Speculation, SpeculativeConfig, expected_tokens_per_step, speculative_config
+from sim.kv.paged import KVCacheManager
+from sim.scenario.build import build_simulation
+from sim.scenario.config import scenario_from_dict
+from tests.helpers import TokenCost, make_requests
+from tests.kv_invariants import instrument
+
+# A verify pass of c tokens is priced as a c-token chunk: 1 + 0.25 c; a plain decode step costs 1 + 0.5.
+COST = dict(per_prefill_token=0.25, decode_step=0.5, per_batch=1.0)
+
+
+def _run(specs, spec_cfg=None, policy="vllm-v1", M=100, block_size=1, fast_forward=False, keep=True):
+    cm = TokenCost(**COST)
+    spec = None if spec_cfg is None else Speculation(SpeculativeConfig(**spec_cfg), cm, seed=0)
+    sim = Simulation(make_requests(specs), build_policy({"name": policy}), cm, KVCacheManager(M, block_size),
+                     fast_forward=fast_forward, keep_token_times=keep, speculation=spec)
+    seen = instrument(sim)            # KV accounting checked after every schedule and commit
+    res = sim.run()
+    assert seen["steps"] > 0
+    return sim, res
+
+
+def _times(sim, rid=0):
+    return [r for r in sim.all_requests if r.id == rid][0].token_times
+
+
+def test_acceptance_one_gives_k_plus_one_tokens_per_step():
+    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=1.0))
+    # prefill 8 tokens: 1 + 2 = 3 s (token 1); two verify passes of 1 + 3 tokens: 2 s each, 4 tokens each
+    assert _times(sim) == [3.0] + [5.0] * 4 + [7.0] * 4
+    row = res.requests.iloc[0]
+    assert row["generated_tokens"] == 9 and row["completion_s"] == 7.0
+    assert row["tpot_s"] == pytest.approx((7.0 - 3.0) / 8)
+    s = res.summary
+    assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"]) == (2, 6, 6)
+    assert s["spec_tokens_per_step"] == 4.0 and s["spec_freed_blocks"] == 0
+
+
+def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost():
+    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=0.0))
+    # remaining 8..4: 1 + 3 drafts (2 s); remaining 3: 1 + 2 (1.75 s); 2: 1 + 1 (1.5 s); 1: a plain decode (1.5 s)
+    expected = [3.0]
+    for dt in (2.0, 2.0, 2.0, 2.0, 2.0, 1.75, 1.5, 1.5):
+        expected.append(expected[-1] + dt)
+    assert _times(sim) == expected
+    plain_sim, plain = _run([(8, 9)])
+    assert _times(plain_sim) == [3.0 + 1.5 * i for i in range(9)]       # without speculation: 15 s
+    assert res.requests["completion_s"][0] > plain.requests["completion_s"][0]
+    s = res.summary
+    assert s["spec_steps"] == 7 and s["spec_drafts_accepted"] == 0 and s["spec_tokens_per_step"] == 1.0
+    assert s["spec_freed_blocks"] == 3 * 5 + 2 + 1       # block size 1: every rejected draft's slot goes back
+
+
+def test_known_acceptance_sequence_gives_exact_times_and_kv():
+    cfg = dict(method="ngram", k=3, acceptance_rate=0.5, accepted={0: [2, 0, 3]})
+    cm = TokenCost(**COST)
+    req = make_requests([(8, 9)])
+    mem = KVCacheManager(100, 1)
+    sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=False, keep_token_times=True,
+                     speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+    held = []
+    commit = sim._commit
+
+    def spy(batch, now):
+        commit(batch, now)
+        held.append((req[0].cached, req[0].blocks, mem.free_blocks))
+    sim._commit = spy
+    res = sim.run()
+    # step 2: 4 slots reserved (12), 2 accepted + 1 -> 11 kept; step 3: 15 reserved, 0 accepted -> 12; step 4: done
+    assert held[:3] == [(8, 8, 92), (11, 11, 89), (12, 12, 88)]
+    assert held[3][2] == 100                       # completion frees everything
+    assert req[0].token_times == [3.0, 5.0, 5.0, 5.0, 7.0, 9.0, 9.0, 9.0, 9.0]
+    s = res.summary
+    assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"], s["spec_freed_blocks"]) == \
+        (3, 9, 5, 1 + 3)
+
+
+def test_head_draft_cost_is_its_fraction_of_the_target_passes():
+    cfg = dict(method="eagle", k=2, acceptance_rate=1.0, draft_fraction=0.1)
+    sim, res = _run([(8, 7)], cfg)
+    # every pass of the head costs 0.1 of the target's GPU time for the same shape (TokenCost has no CPU part):
+    # prefill step: head over the 8-token chunk 0.1 * 3.0; verify steps: head over the decode (1.5) twice
+    t1 = 3.0 + 0.1 * 3.0
+    t2 = t1 + 1.75 + 0.1 * (1.5 + 1.5)
+    t3 = t2 + 1.75 + 0.1 * (1.5 + 1.5)
+    assert _times(sim) == pytest.approx([t1] + [t2] * 3 + [t3] * 3)
+    assert res.summary["spec_draft_time_s"] == pytest.approx(0.1 * 3.0 + 2 * 0.1 * 3.0)
+
+
+def _scenario(**over):
+    raw = {"name": "spec", "seed": 3, "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb"},
+           "costmodel": {"kind": "roofline"}, "memory": {"M": 6000, "block_size": 16},
+           "policy": {"name": "vllm-v1"},
+           "workload": {"kind": "poisson", "num_requests": 60, "rate": 20, "prompt": {"dist": "uniform", "low": 50,
+                                                                                      "high": 400},
+                        "output": {"dist": "uniform", "low": 2, "high": 300}},
+           "speculative": {"method": "eagle", "k": 4, "acceptance_rate": 0.6}}
+    for k, v in over.items():
+        raw[k] = v
+    return scenario_from_dict(raw)
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "sarathi"])
+def test_exact_outputs_kv_within_m_nothing_lost(policy):
+    scn = _scenario(policy={"name": policy})
+    sim = build_simulation(scn)
+    instrument(sim)
+    res = sim.run()
+    req = res.requests
+    assert (req["status"] == "done").all()
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert res.iterations["kv_alloc_tokens"].max() <= sim.memory.capacity_tokens
+    assert res.summary["spec_steps"] > 0 and res.summary["spec_drafts_accepted"] > 0
+    assert res.summary["evictions"] > 0           # M is tight: drafts' KV takes part in preemption
+
+
+def test_same_seed_same_tables_and_both_loops_agree():
+    a = build_simulation(_scenario()).run()
+    b = build_simulation(_scenario()).run()
+    assert a.requests.equals(b.requests) and a.iterations.equals(b.iterations)
+    scn = _scenario(sim={"fast_forward": False})                 # the SimPy loop
+    c = build_simulation(scn).run()
+    assert a.requests.equals(c.requests) and a.iterations.equals(c.iterations)
+    d = build_simulation(_scenario(seed=4)).run()
+    assert not a.requests["completion_s"].equals(d.requests["completion_s"])
+
+
+def test_mean_tokens_per_full_step_follows_the_geometric_law():
+    a, k = 0.6, 4
+    scn = _scenario(memory={"M": 200000}, workload={"kind": "offline", "num_requests": 200, "prompt": 64,
+                                                    "output": 200},
+                    speculative={"method": "ngram", "k": k, "acceptance_rate": a})
+    res = build_simulation(scn).run()
+    n = res.summary["spec_full_steps"]
+    p = [a ** i * (1 - a) for i in range(k)] + [a ** k]           # P(tokens = i + 1)
+    mean = sum((i + 1) * q for i, q in enumerate(p))
+    var = sum((i + 1 - mean) ** 2 * q for i, q in enumerate(p))
+    assert mean == pytest.approx(expected_tokens_per_step(a, k))
+    assert n > 5000
+    assert abs(res.summary["spec_full_tokens_per_step"] - mean) < 4 * math.sqrt(var / n)
+
+
+def test_speculation_off_leaves_a_run_unchanged():
+    base = _scenario(speculative={})
+    a = build_simulation(base).run()
+    assert "spec_steps" not in a.summary
+    assert base.to_dict().get("speculative") is None               # sweep identities as before
+
+
+@pytest.mark.parametrize("section, fragment", [
+    ({"k": 3, "acceptance_rate": 1.5}, "acceptance_rate: must be in [0, 1]"),
+    ({"k": 0, "acceptance_rate": 0.5}, "k: must be an integer >= 1"),
+    ({"k": 2}, "acceptance_rate: required"),
+    ({"method": "medusa", "k": 2, "acceptance_rate": 0.5}, "method: 'medusa' is not allowed"),
+    ({"method": "draft_model", "k": 2, "acceptance_rate": 0.5}, "draft_model: method draft_model needs"),
+    ({"k": 2, "acceptance_rate": 0.5, "accepted": {0: [3]}}, "accepted.0: must be a list of integers in [0, k = 2]"),
+    ({"k": 2, "acceptance_rate": 0.5, "rate": 1}, "unknown key(s) rate"),
+])
+def test_bad_speculative_sections_are_one_clear_line(section, fragment):
+    with pytest.raises(UserError) as e:
+        speculative_config(section)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_policy_that_does_not_schedule_drafts_is_refused():
+    with pytest.raises(UserError, match="does not schedule draft tokens; allowed: .*vllm-v1"):
+        build_simulation(_scenario(policy={"name": "vllm-v0"}))
+
+
+def test_draft_model_is_priced_from_the_catalog():
+    scn = _scenario(memory={"M": 200000}, speculative={"method": "draft_model", "draft_model": "tiny-llama", "k": 3,
+                                                       "acceptance_rate": 0.8})
+    res = build_simulation(scn).run()
+    assert res.summary["spec_draft_time_s"] > 0
+    assert np.isfinite(res.summary["makespan_s"])
+
+
+def test_a_derived_m_leaves_room_for_the_drafter():
+    from costmodels import get_model
+    raw = {"name": "m", "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "h100-sxm"},
+           "policy": {"name": "vllm-v1"}, "workload": {"kind": "offline", "num_requests": 1, "prompt": 8, "output": 2}}
+    plain = build_simulation(scenario_from_dict(raw)).memory_breakdown
+    head = build_simulation(scenario_from_dict({**raw, "speculative": {"k": 2, "acceptance_rate": 0.5}}))
+    draft = build_simulation(scenario_from_dict({**raw, "speculative": {
+        "method": "draft_model", "draft_model": "tiny-llama", "k": 2, "acceptance_rate": 0.5}}))
+    target = get_model("llama-3.1-8b")
+    # EAGLE head: one decoder layer's weights out of the KV space, one layer's KV in each token's slot
+    h = head.memory_breakdown
+    assert h.kv_bytes_per_token == pytest.approx(plain.kv_bytes_per_token * (1 + 1 / target.layers))
+    assert h.kv_tokens == int((plain.kv_bytes - target.weight_bytes() / target.layers) // h.kv_bytes_per_token)
+    tiny = get_model("tiny-llama")
+    d = draft.memory_breakdown
+    assert d.kv_tokens == int((plain.kv_bytes - tiny.weight_bytes()) // (plain.kv_bytes_per_token
+                                                                         + tiny.kv_bytes_per_token()))
+    assert d.kv_tokens < plain.kv_tokens and h.kv_tokens < plain.kv_tokens
+    ngram = build_simulation(scenario_from_dict({**raw, "speculative": {"method": "ngram", "k": 2,
+                                                                         "acceptance_rate": 0.5}}))
+    assert ngram.memory_breakdown.kv_tokens == plain.kv_tokens
+
+
+def test_a_cluster_speculates_on_every_replica_and_sums_the_counters():
+    from sim.cluster.runner import run_scenario
+    scn = _scenario(memory={"M": 200000}, cluster={"replicas": 2, "router": "round_robin"})
+    res = run_scenario(scn)
+    req = res.requests
+    assert (req["status"] == "done").all() and (req["generated_tokens"] == req["output_tokens"]).all()
+    s = res.summary
+    assert s["spec_steps"] > 0 and s["spec_acceptance"] == s["spec_drafts_accepted"] / s["spec_drafts_proposed"]
+    again = run_scenario(_scenario(memory={"M": 200000}, cluster={"replicas": 2, "router": "round_robin"}))
+    assert again.requests.equals(res.requests)
+
+
+def test_an_acceptance_file_gives_the_per_request_lists(tmp_path):
+    f = tmp_path / "acc.csv"
+    f.write_text("request_id,accepted\n0,2\n0,0\n0,3\n")
+    cfg = speculative_config({"method": "ngram", "k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    assert cfg.accepted == {0: [2, 0, 3]}
+    f.write_text("request_id,accepted\n0,2\n0,x\n")
+    with pytest.raises(UserError, match=r"acc.csv: row 3: expected integer columns request_id and accepted"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    f.write_text("request_id,accepted\n0,5\n")
+    with pytest.raises(UserError, match=r"accepted.0: must be a list of integers in \[0, k = 3\]"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
+    with pytest.raises(UserError, match="cannot read"):
+        speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(tmp_path / "none.csv")})
