@@ -89,6 +89,7 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         summ["prefix_hit_rate"] = hits / q if q else NAN
         for k in ("prefix_gpu_hit_tokens", "prefix_cpu_hit_tokens", "prefix_evicted_blocks"):
             summ[k] = int(sum(m.stats()[k] for m in caches))
+    summ.update(_economics(replicas, it, summ))
     summ["wall_s"] = wall_s
     infeasible = [r for h in built for r in h.sim.infeasible]
     caps = [res.capacity_tokens for res in results]
@@ -102,6 +103,22 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
     out = SimResult(req, it, summ, capacity, meta)
     out.tables["replicas"] = per
     return out
+
+
+def _economics(replicas, it, summ) -> dict:
+    """GPU-hours, cost and energy over every replica, each held for the makespan (sim/metrics/economics.py)."""
+    from sim.metrics.economics import economics_summary, gpu_economics
+    by_replica = dict(tuple(it.groupby("replica", sort=False))) if len(it) else {}
+    empty = it.iloc[:0]
+    econ, parts = {}, []
+    for h in replicas:
+        hw = h.scn.hardware
+        k = (hw.gpu, hw.usd_per_gpu_hour, hw.power_idle_w, hw.power_peak_w)
+        if k not in econ:
+            econ[k] = gpu_economics(hw)
+        rows = by_replica.get(h.index, empty) if h.scn.sim.record_iterations else None
+        parts.append((econ[k], h.gpus, rows))
+    return economics_summary(parts, summ.get("makespan_s", NAN), summ.get("generated_tokens", 0))
 
 
 def _runs(values) -> str:

@@ -31,6 +31,10 @@ class HardwareSection:
     tp: int = 1
     gpu_memory_utilization: float = 0.9
     host_memory_gib: float = 512.0     # CPU memory of the server: bounds swap space and the CPU KV offload tier
+    # price and board power of one GPU; null: the GPU's row in profiles/gpu-economics.yaml (sim/metrics/economics.py)
+    usd_per_gpu_hour: typing.Optional[float] = None
+    power_idle_w: typing.Optional[float] = None
+    power_peak_w: typing.Optional[float] = None
 
 
 @dataclass
@@ -290,6 +294,9 @@ _RANGES = (
     ("memory", "activation_reserve_gib", lambda v: v is None or v >= 0, ">= 0 or null"),
     ("memory", "cpu_offload_gib", lambda v: v >= 0, ">= 0 (0 = no CPU tier)"),
     ("hardware", "host_memory_gib", lambda v: v > 0, "> 0"),
+    ("hardware", "usd_per_gpu_hour", lambda v: v is None or v >= 0, ">= 0 USD (or null: the GPU's listed price)"),
+    ("hardware", "power_idle_w", lambda v: v is None or v >= 0, ">= 0 W (or null: the GPU's listed idle power)"),
+    ("hardware", "power_peak_w", lambda v: v is None or v >= 0, ">= 0 W (or null: the GPU's board power limit)"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
 )
