@@ -7,7 +7,8 @@ A configuration is (gpu, tp, mode, router); its size is searched like this: one 
 size meets the target when the lower end of its 95 % interval does (study/intervals.py: bootstrap over the seeds
 and each seed's requests). The size is bracketed by doubling (or halving, from a start that meets) and then
 bisected, attainment taken as non-decreasing in replicas; when doubling twice in a row adds less than 0.002 to the
-attainment the search stops: more replicas do not help (the SLO is out of reach of this configuration). Every
+attainment and change the served share (completions per second over arrivals per second) by less than 0.01, the
+search stops: more replicas change nothing (the SLO is out of reach of this configuration). Every
 evaluation of one configuration runs the same seeds (common random numbers).
 
 With more than one configuration, a single replica's capacity at the target (study.capacity.search_capacity) is
@@ -34,7 +35,8 @@ from sim.paths import output_dir
 from sim.scenario.config import load_scenario, scenario_from_dict
 from study.intervals import Interval, attainment_interval, mean_interval, parse_seeds, seeds_needed
 
-FLAT_GAIN = 0.002          # two doublings that add less attainment than this: more replicas do not help
+FLAT_GAIN = 0.002          # two doublings that add less attainment than this ...
+FLAT_SERVED = 0.01         # ... and change the served share less than this: more replicas do not help
 SLO_TARGETS = ("ttft_s", "tbt_p99_s", "tpot_s", "e2e_s", "normalized_latency_s")
 
 
@@ -125,9 +127,18 @@ def evaluate(raw: dict, source: str, cfg: Config, layout: tuple, rate: float, se
            "attainment": float(att[has].mean()) if has.any() else 0.0, "gpus": int(s.get("gpus", cfg.tp)),
            "usd_per_hour": s.get("cost_usd", math.nan) / s["makespan_s"] * 3600 if s.get("makespan_s") else math.nan,
            "usd_per_million_tokens": s.get("usd_per_million_tokens"), "joules_per_token": s.get("joules_per_token"),
-           "ttft_p99": s.get("ttft_p99"), "tpot_mean": s.get("tpot_mean")}
+           "ttft_p99": s.get("ttft_p99"), "tpot_mean": s.get("tpot_mean"),
+           "served_share": served_share(res.requests, s)}
     rec.update(target_shares(scn, req))
     return rec
+
+
+def served_share(req: pd.DataFrame, s: dict) -> float:
+    """Completed requests per second over arriving requests per second: below 1 the queue grows all run."""
+    arr = req["arrival_s"].to_numpy(float)
+    span = float(arr.max() - arr.min()) if len(arr) > 1 else 0.0
+    got = s.get("request_throughput", math.nan)
+    return float(got / ((len(arr) - 1) / span)) if span > 0 and got == got else math.nan
 
 
 def target_shares(scn, req: pd.DataFrame) -> dict:
@@ -144,6 +155,9 @@ def target_shares(scn, req: pd.DataFrame) -> dict:
         v = req[col].to_numpy(float)
         ok = done & ((v <= target) | (np.isnan(v) & (col in ("tbt_p99_s", "tpot_s"))))
         out[f"within_{col}"] = float(ok.mean())
+        fin = v[done & ~np.isnan(v)]
+        out[f"median_{col}"] = float(np.median(fin)) if len(fin) else math.nan
+        out[f"target_{col}"] = float(target)
     return out
 
 
@@ -168,6 +182,10 @@ class SizeSearch:
 
     def meets(self, layout) -> bool:
         return self.interval(layout).lo >= self.p.target
+
+    def served(self, layout) -> float:
+        """Mean over seeds of completions per second over arrivals per second (below 1: a queue builds)."""
+        return float(np.mean([self.cache[(layout, s)]["served_share"] for s in self.p.seeds]))
 
     def best_at(self, n: int):
         layouts = self.cfg.layouts(n)
@@ -194,7 +212,7 @@ class SizeSearch:
                     break
                 hi, best = m, layout
         else:
-            last_fail, gains, prev = n, [], self.interval(layout).mean
+            last_fail, gains, prev = n, [], (self.interval(layout).mean, self.served(layout))
             while True:                                 # double until the target is met
                 if n >= top:
                     self.status = "at_max"
@@ -203,10 +221,10 @@ class SizeSearch:
                 layout, ok = self.best_at(n)
                 if ok:
                     break
-                now = self.interval(layout).mean
-                gains.append(now - prev)
+                now = (self.interval(layout).mean, self.served(layout))
+                gains.append((now[0] - prev[0], abs(now[1] - prev[1])))
                 prev, last_fail = now, n
-                if len(gains) >= 2 and max(gains[-2:]) < FLAT_GAIN:
+                if len(gains) >= 2 and all(a < FLAT_GAIN and b < FLAT_SERVED for a, b in gains[-2:]):
                     self.status = "flat"
                     return None, n
             hi, best = n, layout
@@ -512,7 +530,7 @@ def answer(points: pd.DataFrame, best, args, seeds, result) -> dict:
             out.update(prefill=int(p), decode=int(d))
         out["replicas"] = int(sum(int(x) for x in best["layout"].split(":")))
         return out
-    top = points.sort_values(["attainment", "usd_per_hour"], ascending=[False, True]).iloc[0]
+    top = points.sort_values(["attainment", "gpus"], ascending=[False, False]).iloc[0]
     ev = pd.DataFrame(result["rows"])
     ev = ev[(ev["config"] == top["config"]) & (ev["layout"] == top["layout"])]
     within = {c[len("within_"):]: float(ev[c].mean()) for c in ev.columns if c.startswith("within_")}
@@ -520,8 +538,8 @@ def answer(points: pd.DataFrame, best, args, seeds, result) -> dict:
     flat = (points["search_status"] == "flat").any()
     why = (f"more replicas stopped helping (attainment flat over two doublings)" if flat
            else f"no configuration of up to {args.max_replicas} replicas meets it; raise --max-replicas")
-    limit_text = (f"; the limiting target is slo.{limit}: {within[limit]:.1%} of requests meet it there"
-                  if limit else "")
+    limit_text = (f"; the limiting target is slo.{limit} = {ev[f'target_{limit}'].iloc[0]:g}: {within[limit]:.1%} "
+                  f"of requests meet it there (median {ev[f'median_{limit}'].mean():.3g})" if limit else "")
     out.update(status="flat" if flat else "at_max", replicas=None, gpus=None, best_config=top["config"],
                best_layout=top["layout"], best_attainment=float(top["attainment"]),
                best_attainment_lo=float(top["attainment_lo"]), limiting_target=limit, within=within,
