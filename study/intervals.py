@@ -96,3 +96,30 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
     if len(set(out)) != len(out):
         raise UserError(f"{flag}: a seed is given twice ({', '.join(map(str, out))})")
     return out
+
+
+def over_seeds(table, group_by: list, metrics: list):
+    """A results table with a seed column, folded over the seeds: per group, each metric's mean and 95 % interval
+    (bootstrap over seeds; SLO attainment over seeds and requests, its met count taken as attainment × requests,
+    exact when every request has a target) and the seeds a ±0.01 attainment interval would need."""
+    import pandas as pd
+    ok = table[table["status"] == "ok"] if "status" in table else table
+    rows = []
+    groups = ok.groupby(group_by, sort=False, dropna=False) if group_by else [((), ok)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(group_by, key))
+        row["seeds"] = int(g["seed"].nunique())
+        for m in metrics:
+            if m not in g:
+                continue
+            vals = pd.to_numeric(g[m], errors="coerce")
+            if m.startswith("slo_attainment") and "requests" in g:
+                n = pd.to_numeric(g["requests"], errors="coerce")
+                iv = attainment_interval([(round(a * k), k) for a, k in zip(vals, n) if a == a and k == k])
+                row["seeds_for_0.01"] = seeds_needed(iv, 0.01)
+            else:
+                iv = mean_interval(vals)
+            row[m], row[f"{m}_lo"], row[f"{m}_hi"] = iv.mean, iv.lo, iv.hi
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -206,3 +206,21 @@ def test_run_explains_an_overloaded_fleet(tmp_path, capsys):
     p.write_text(yaml.safe_dump(_small(workload={**_small()["workload"], "rate": 1, "num_requests": 40})))
     assert main(["run", str(p), "--no-progress"]) == 0
     assert "hint: overloaded" not in capsys.readouterr().err
+
+
+def test_sweep_over_seeds_is_the_seed_rows_mean_and_interval(tmp_path, capsys):
+    from sim.cli import main
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(_small()))
+    assert main(["sweep", str(p), "--grid", "workload.rate=2,6", "--seeds", "0-2", "--out", str(tmp_path / "sw"),
+                 "--show", "tps,slo_attainment", "--no-progress"]) == 0
+    res = pd.read_csv(tmp_path / "sw" / "results.csv")
+    folded = pd.read_csv(tmp_path / "sw" / "over_seeds.csv")
+    assert list(folded["seeds"]) == [3, 3]
+    for _, r in folded.iterrows():
+        rows = res[res["workload.rate"] == r["workload.rate"]]
+        assert r["tps"] == pytest.approx(rows["tps"].mean())
+        assert r["tps_lo"] >= rows["tps"].min() - 1e-9 and r["tps_hi"] <= rows["tps"].max() + 1e-9
+        assert r["slo_attainment_lo"] <= r["slo_attainment"] <= r["slo_attainment_hi"]
+    assert "over seeds (mean [95% interval]" in capsys.readouterr().out
+    assert main(["sweep", str(p), "--grid", "seed=0,1", "--seeds", "0,1", "--out", str(tmp_path / "x")]) == 2
