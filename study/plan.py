@@ -270,11 +270,24 @@ class Planner:
 
 
 # -- many configurations -----------------------------------------------------------------------------------------
+def first_requests(raw: dict, n: int | None) -> dict:
+    """The scenario cut to its first n requests (a trace: max_requests; a generator: num_requests), for the
+    single-replica capacity bounds, which only need the workload's shape."""
+    if not n:
+        return raw
+    wl = dict(raw.get("workload") or {})
+    if wl.get("kind") == "trace":
+        wl["max_requests"] = min(n, wl.get("max_requests") or n)
+    elif "num_requests" in wl:
+        wl["num_requests"] = min(n, wl["num_requests"])
+    return {**raw, "workload": wl}
+
+
 def single_capacity(raw: dict, source: str, gpu: str, tp: int, target: float, metric: str, seed: int,
-                    rate: float) -> float:
+                    rate: float, bound_requests: int | None = None) -> float:
     """One replica's capacity (req/s) at the target on this GPU and tp, for the start and the pruning estimate."""
     from study.capacity import attainment_at, search_capacity
-    base = configured(raw, Config(gpu, tp, "colocated", None), (1,), rate, seed)
+    base = configured(first_requests(raw, bound_requests), Config(gpu, tp, "colocated", None), (1,), rate, seed)
     base.pop("cluster", None)
     res = search_capacity(lambda r: attainment_at(base, source, r, metric), target, max(rate / 64, 1e-3),
                           rate_min=rate / 4096, rate_max=rate * 4, rel_tol=0.1)
@@ -282,14 +295,15 @@ def single_capacity(raw: dict, source: str, gpu: str, tp: int, target: float, me
 
 
 def plan_configs(planner: Planner, configs: list, prices: dict, prune: float = 1.5, jobs: int = 1,
-                 dask=None, log=print) -> dict:
+                 dask=None, log=print, bound_requests: int | None = 2000) -> dict:
     """Search every configuration; returns {'rows': evaluations, 'capacity': per (gpu, tp), 'pruned': [...]}."""
     from study.executors import run_tasks
     caps = {}
     if len(configs) > 1:
         keys = sorted({(c.gpu, c.tp) for c in configs})
         tasks = [(single_capacity, (planner.raw, planner.source, g, tp, planner.target, planner.metric, s,
-                                    planner.rate), (g, tp, s)) for g, tp in keys for s in planner.seeds]
+                                    planner.rate, bound_requests), (g, tp, s))
+                 for g, tp in keys for s in planner.seeds]
         got = {}
         for (g, tp, s), cap in run_tasks(tasks, jobs=jobs, dask=dask):
             got.setdefault((g, tp), []).append(cap)
@@ -485,7 +499,8 @@ def cmd_plan(args) -> int:
         prices = {}
     planner = Planner(raw, str(args.scenario), args.rate, args.slo_attainment, seeds, args.metric,
                       args.max_replicas, args.jobs, args.dask)
-    result = plan_configs(planner, configs, prices, prune=args.prune, jobs=args.jobs, dask=args.dask)
+    result = plan_configs(planner, configs, prices, prune=args.prune, jobs=args.jobs, dask=args.dask,
+                          bound_requests=args.bound_requests)
     if not result["rows"]:
         raise UserError("plan: every configuration was pruned; lower --prune or widen the search")
     points = summarize_points(result["rows"], args.slo_attainment)
@@ -581,6 +596,8 @@ def register(sub) -> None:
     p.add_argument("--prune", type=float, default=1.5,
                    help="skip configurations whose capacity-based cost estimate exceeds this many times the "
                         "cheapest estimate (0: search all; default 1.5)")
+    p.add_argument("--bound-requests", type=int, default=2000,
+                   help="the single-replica capacity bounds run the workload's first N requests (0: all)")
     p.add_argument("--max-replicas", type=int, default=256)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--dask", default=None, help="run the evaluations on a Dask cluster (address or 'local')")
