@@ -40,7 +40,8 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
                 "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
                 "replicas", "gpus", "gpu_seconds", "goodput_rps_per_gpu", "load_imbalance", "kv_transfer_s_mean",
-                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "gpu_hours", "cost_usd",
+                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "autoscale_ups", "autoscale_downs",
+                "replicas_held_mean", "replicas_held_max", "gpu_hours", "cost_usd",
                 "usd_per_million_tokens", "energy_j", "joules_per_token", "power_w_mean", "costmodel_kind", "costmodel_file",
                 "overheads", "kv_capacity_tokens", "wall_s")
 

@@ -129,12 +129,14 @@ def replica_energy_j(econ: GpuEconomics, gpus: int, iterations, held_s: float) -
 
 
 def economics_summary(parts, makespan_s: float, generated_tokens: int) -> dict:
-    """Summary columns from [(GpuEconomics, gpus, iterations table)] per replica, all held for the makespan."""
-    held = makespan_s if makespan_s == makespan_s else NAN
-    gpu_hours = sum(g for _, g, _ in parts) * held / 3600.0
-    cost = sum(e.usd_per_gpu_hour * g for e, g, _ in parts) * held / 3600.0
-    energy = sum(replica_energy_j(e, g, it, held) for e, g, it in parts)
+    """Summary columns from [(GpuEconomics, gpus, iterations table[, held_s])] per replica; a replica without its
+    own held time is held for the makespan (a fixed fleet)."""
+    span = makespan_s if makespan_s == makespan_s else NAN
+    rows = [(p[0], p[1], p[2], p[3] if len(p) > 3 else span) for p in parts]
+    gpu_hours = sum(g * held for _, g, _, held in rows) / 3600.0
+    cost = sum(e.usd_per_gpu_hour * g * held for e, g, _, held in rows) / 3600.0
+    energy = sum(replica_energy_j(e, g, it, held) for e, g, it, held in rows if held > 0 or it is None)
     tokens = generated_tokens if generated_tokens else NAN
     return {"gpu_hours": gpu_hours, "cost_usd": cost, "usd_per_million_tokens": cost / tokens * 1e6,
             "energy_j": energy, "joules_per_token": energy / tokens,
-            "power_w_mean": energy / held if held and held == held else NAN}
+            "power_w_mean": energy / span if span and span == span else NAN}

@@ -43,6 +43,11 @@ GLOSSARY = {
     "kv_transfer_share": ("fraction", "disaggregated: KV transfer time over end-to-end latency, summed"),
     "handoff_wait_s_mean": ("s", "disaggregated: time a finished prefill waited for KV room on a decode replica"),
     "prefix_hit_rate": ("fraction", "prompt blocks found in the prefix cache at admissions (GPU or CPU tier)"),
+    "autoscale_ups": ("count", "autoscaling: decisions that added a replica (cluster.autoscale)"),
+    "autoscale_downs": ("count", "autoscaling: decisions that removed one (drained, or cancelled while loading)"),
+    "replicas_held_mean": ("replicas", "autoscaling: replicas held (loading, serving or draining), mean over the "
+                                       "makespan"),
+    "replicas_held_max": ("replicas", "autoscaling: the most replicas held at once"),
     "gpu_hours": ("GPU·h", "GPUs held × makespan, in hours (every replica is held from first arrival to last "
                            "completion)"),
     "cost_usd": ("USD", "GPU-hours × each GPU's price per hour (profiles/gpu-economics.yaml or "
