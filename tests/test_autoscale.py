@@ -108,3 +108,15 @@ def test_same_seed_same_autoscaled_tables():
 def test_bad_autoscale_is_one_line(bad, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         run_scenario(_scn(bad))
+
+
+def test_kv_policy_scales_on_cache_use():
+    kv = {"policy": "kv", "min": 1, "max": 4, "up_at": 0.3, "down_at": 0.05, "interval_s": 5, "cooldown_s": 10,
+          "start_s": 5}
+    res = run_scenario(_scn(kv))
+    s, ev = res.summary, res.tables["scaling"]
+    assert s["autoscale_ups"] >= 1 and s["completed"] == s["requests"]
+    ups = ev[ev["action"] == "up"]
+    assert (ups["metric"] > 0.3).all()                  # each up was read above the threshold
+    downs = ev[ev["action"] == "down"]
+    assert (downs["metric"] < 0.05).all()
