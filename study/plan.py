@@ -128,7 +128,7 @@ def evaluate(raw: dict, source: str, cfg: Config, layout: tuple, rate: float, se
            "usd_per_hour": s.get("cost_usd", math.nan) / s["makespan_s"] * 3600 if s.get("makespan_s") else math.nan,
            "usd_per_million_tokens": s.get("usd_per_million_tokens"), "joules_per_token": s.get("joules_per_token"),
            "ttft_p99": s.get("ttft_p99"), "tpot_mean": s.get("tpot_mean"),
-           "served_share": served_share(res.requests, s)}
+           "served_share": served_share(res.requests, s), "wall_s": s.get("wall_s")}
     rec.update(target_shares(scn, req))
     return rec
 
