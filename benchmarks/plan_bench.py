@@ -9,12 +9,15 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
 
 from sim.paths import shared_data_dir  # noqa: E402
 
@@ -33,7 +36,12 @@ def plan_once(args, out: Path, dask: bool) -> dict:
     wall = time.perf_counter() - t0
     print(buf.getvalue())
     ans = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
-    return {"rc": rc, "wall_s": wall, "answer": ans, "argv": argv[1:]}
+    ev = pd.read_csv(out / "evaluations.csv") if (out / "evaluations.csv").exists() else pd.DataFrame()
+    # the machine is shared: CPU seconds of the cluster runs say what the plan costs whatever the load
+    cpu = float(ev["cpu_s"].sum()) if "cpu_s" in ev else float("nan")
+    by_mode = ev.groupby("mode")["cpu_s"].agg(["count", "sum"]).round(1).to_dict("index") if len(ev) else {}
+    return {"rc": rc, "wall_s": wall, "cluster_runs_cpu_s": cpu, "cpu_by_mode": by_mode,
+            "load_average_after": os.getloadavg(), "answer": ans, "argv": argv[1:]}
 
 
 def main() -> int:
@@ -57,7 +65,8 @@ def main() -> int:
     for k, r in res.items():
         if isinstance(r, dict):
             a = r["answer"]
-            print(f"{k}: {r['wall_s']:.1f} s, {a.get('evaluations')} runs, {a.get('configurations')} configurations "
+            print(f"{k}: {r['wall_s']:.1f} s wall ({r['cluster_runs_cpu_s']:.0f} CPU-s in cluster runs, load "
+                  f"{r['load_average_after'][0]:.1f}), {a.get('evaluations')} runs, {a.get('configurations')} configurations "
                   f"searched, pruned {len(a.get('pruned', []))}; answer {a.get('config')} {a.get('layout')} "
                   f"${a.get('usd_per_hour', float('nan')):.2f}/h, attainment {a.get('attainment', float('nan')):.3f} "
                   f"[{a.get('attainment_lo', float('nan')):.3f}, {a.get('attainment_hi', float('nan')):.3f}]")

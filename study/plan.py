@@ -110,7 +110,9 @@ def configured(raw: dict, cfg: Config, layout: tuple, rate: float, seed: int) ->
 def evaluate(raw: dict, source: str, cfg: Config, layout: tuple, rate: float, seed: int, metric: str) -> dict:
     """One run. Module-level for worker processes. Returns the met/total request counts the interval needs, the
     cost figures, and each SLO target's pass share (which target limits attainment)."""
+    import time
     from sim.cluster.runner import run_scenario
+    cpu0 = time.process_time()
     scn = scenario_from_dict(configured(raw, cfg, layout, rate, seed), source=source)
     res = run_scenario(scn)
     s = res.summary
@@ -128,7 +130,8 @@ def evaluate(raw: dict, source: str, cfg: Config, layout: tuple, rate: float, se
            "usd_per_hour": s.get("cost_usd", math.nan) / s["makespan_s"] * 3600 if s.get("makespan_s") else math.nan,
            "usd_per_million_tokens": s.get("usd_per_million_tokens"), "joules_per_token": s.get("joules_per_token"),
            "ttft_p99": s.get("ttft_p99"), "tpot_mean": s.get("tpot_mean"),
-           "served_share": served_share(res.requests, s), "wall_s": s.get("wall_s")}
+           "served_share": served_share(res.requests, s), "wall_s": s.get("wall_s"),
+           "cpu_s": time.process_time() - cpu0}
     rec.update(target_shares(scn, req))
     return rec
 
@@ -164,8 +167,8 @@ def target_shares(scn, req: pd.DataFrame) -> dict:
 class SizeSearch:
     """The replica-count search of one configuration; `run(tasks)` evaluates [(cfg, layout, seed)]."""
 
-    def __init__(self, planner: "Planner", cfg: Config, start: int | None = None):
-        self.p, self.cfg, self.start = planner, cfg, start
+    def __init__(self, planner: "Planner", cfg: Config, start: int | None = None, cap: float = math.inf):
+        self.p, self.cfg, self.start, self.cap = planner, cfg, start, cap
         self.cache: dict = {}
         self.rows: list = []
         self.status = "ok"
@@ -193,12 +196,19 @@ class SizeSearch:
         best = max(layouts, key=lambda lay: (self.meets(lay), self.interval(lay).lo, -lay[0]))
         return best, self.meets(best)
 
+    def cost(self, n: int) -> float:
+        """$/hour of size n (0 when the configuration carries no price: nothing is capped)."""
+        return n * sum(self.cfg.ratio or (1,)) * self.cfg.tp * (self.cfg.usd_per_gpu_hour or 0.0)
+
     def search(self):
-        """(layout, size) of the smallest size that meets the target, or (None, last size tried)."""
+        """(layout, size) of the smallest size that meets the target, or (None, last size tried). Sizes dearer than
+        `cap` (a configuration already found to meet the target costs that) are not run: status 'capped'."""
         lo = self.cfg.min_size()
         top = self.p.max // sum(self.cfg.ratio or (1,))
+        while top >= lo and self.cost(top) > self.cap:
+            top -= 1
         if top < lo:
-            self.status = "at_max"
+            self.status = "capped" if self.p.max // sum(self.cfg.ratio or (1,)) >= lo else "at_max"
             return None, lo
         n = min(max(self.start or lo, lo), top)
         layout, ok = self.best_at(n)
@@ -215,7 +225,7 @@ class SizeSearch:
             last_fail, gains, prev = n, [], (self.interval(layout).mean, self.served(layout))
             while True:                                 # double until the target is met
                 if n >= top:
-                    self.status = "at_max"
+                    self.status = "at_max" if top == self.p.max // sum(self.cfg.ratio or (1,)) else "capped"
                     return None, n
                 n = min(2 * n, top)
                 layout, ok = self.best_at(n)
@@ -238,12 +248,13 @@ class SizeSearch:
         return best, hi
 
 
-def search_config(planner_state: dict, cfg: Config, start: int | None) -> list:
+def search_config(planner_state: dict, cfg: Config, start: int | None, cap: float = math.inf) -> dict:
     """One configuration's whole search in one task (a worker process when several are searched at once)."""
     planner = Planner(**planner_state)
-    s = SizeSearch(planner, cfg, start)
-    s.search()
-    return [dict(r, search_status=s.status) for r in s.rows]
+    s = SizeSearch(planner, cfg, start, cap)
+    layout, n = s.search()
+    return {"rows": [dict(r, search_status=s.status) for r in s.rows], "status": s.status,
+            "cost": s.cost(n) if layout is not None else math.inf}
 
 
 class Planner:
@@ -324,18 +335,27 @@ def plan_configs(planner: Planner, configs: list, prices: dict, prune: float = 1
     if estimate and prune:
         cheapest = min(estimate.values())
         pruned = [c for c in configs if estimate.get(c, 0) > prune * cheapest]
-    todo = [c for c in configs if c not in pruned]
-    rows = []
+    todo = sorted((c for c in configs if c not in pruned), key=lambda c: estimate.get(c, 0.0))
+    rows, capped = [], []
     if len(todo) == 1:
         s = SizeSearch(planner, todo[0], starts.get(todo[0]))
         s.search()
         rows = [dict(r, search_status=s.status) for r in s.rows]
     else:
-        inner = Planner(**planner.state())                # one configuration per worker, its runs in sequence
-        tasks = [(search_config, (inner.state(), c, starts.get(c)), c) for c in todo]
-        for _, recs in run_tasks(tasks, jobs=jobs, dask=dask):
-            rows += recs
-    return {"rows": rows, "capacity": caps, "pruned": [(c, estimate[c]) for c in pruned]}
+        # cheapest estimates first, `jobs` configurations at a time (one per worker, its runs in sequence); a
+        # configuration found to meet the target caps the later searches at its cost: no dearer size can win
+        inner, cap, width = Planner(**planner.state()), math.inf, max(1, jobs)
+        for i in range(0, len(todo), width):
+            tasks = [(search_config, (inner.state(), c, starts.get(c), cap), c) for c in todo[i:i + width]]
+            for c, out in run_tasks(tasks, jobs=jobs, dask=dask):
+                rows += out["rows"]
+                cap = min(cap, out["cost"])
+                if out["status"] == "capped" and not out["rows"]:
+                    capped.append(c)
+            log(f"plan: {min(i + width, len(todo))}/{len(todo)} configurations searched; cheapest meeting so far "
+                f"${cap:.2f}/h" if cap < math.inf else f"plan: {min(i + width, len(todo))}/{len(todo)} "
+                f"configurations searched; none meets yet", file=sys.stderr)
+    return {"rows": rows, "capacity": caps, "pruned": [(c, estimate[c]) for c in pruned], "capped": capped}
 
 
 def summarize_points(rows: list, target: float) -> pd.DataFrame:
@@ -508,6 +528,8 @@ def cmd_plan(args) -> int:
     _print_points(points)
     for c, est in result["pruned"]:
         print(f"pruned: {c.label} (estimate ${est:.2f}/h > {args.prune:g} x the cheapest estimate)")
+    for c in result.get("capped", []):
+        print(f"not run: {c.label} (its smallest size costs more than a configuration that meets the target)")
     ans = answer(points, best, args, seeds, result)
     if best is not None:
         split = f" ({best['layout'].replace(':', ' prefill : ', 1)} decode)" if ":" in best["layout"] else ""
