@@ -40,7 +40,8 @@ def plan_once(args, out: Path, dask: bool) -> dict:
     # the machine is shared: CPU seconds of the cluster runs say what the plan costs whatever the load
     cpu = float(ev["cpu_s"].sum()) if "cpu_s" in ev else float("nan")
     by_mode = ev.groupby("mode")["cpu_s"].agg(["count", "sum"]).round(1).to_dict("index") if len(ev) else {}
-    return {"rc": rc, "wall_s": wall, "cluster_runs_cpu_s": cpu, "cpu_by_mode": by_mode,
+    return {"rc": rc, "wall_s": wall, "cluster_runs_cpu_s": cpu,
+            "capacity_bounds_cpu_s": ans.get("cpu_s", {}).get("capacity_bounds"), "cpu_by_mode": by_mode,
             "load_average_after": os.getloadavg(), "answer": ans, "argv": argv[1:]}
 
 
@@ -65,7 +66,8 @@ def main() -> int:
     for k, r in res.items():
         if isinstance(r, dict):
             a = r["answer"]
-            print(f"{k}: {r['wall_s']:.1f} s wall ({r['cluster_runs_cpu_s']:.0f} CPU-s in cluster runs, load "
+            print(f"{k}: {r['wall_s']:.1f} s wall ({r['capacity_bounds_cpu_s']:.0f} CPU-s in capacity bounds, "
+                  f"{r['cluster_runs_cpu_s']:.0f} CPU-s in cluster runs, load "
                   f"{r['load_average_after'][0]:.1f}), {a.get('evaluations')} runs, {a.get('configurations')} configurations "
                   f"searched, pruned {len(a.get('pruned', []))}; answer {a.get('config')} {a.get('layout')} "
                   f"${a.get('usd_per_hour', float('nan')):.2f}/h, attainment {a.get('attainment', float('nan')):.3f} "

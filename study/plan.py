@@ -300,9 +300,17 @@ def single_capacity(raw: dict, source: str, gpu: str, tp: int, target: float, me
     from study.capacity import attainment_at, search_capacity
     base = configured(first_requests(raw, bound_requests), Config(gpu, tp, "colocated", None), (1,), rate, seed)
     base.pop("cluster", None)
-    res = search_capacity(lambda r: attainment_at(base, source, r, metric), target, max(rate / 64, 1e-3),
+    res = search_capacity(lambda r: attainment_at(base, source, r, metric), target, max(rate / 8, 1e-3),
                           rate_min=rate / 4096, rate_max=rate * 4, rel_tol=0.1)
     return res.capacity_rps
+
+
+def capacity_task(*args) -> dict:
+    """single_capacity with the CPU seconds it took (the plan reports what its phases cost)."""
+    import time
+    cpu0 = time.process_time()
+    cap = single_capacity(*args)
+    return {"capacity": cap, "cpu_s": time.process_time() - cpu0}
 
 
 def plan_configs(planner: Planner, configs: list, prices: dict, prune: float = 1.5, jobs: int = 1,
@@ -312,15 +320,18 @@ def plan_configs(planner: Planner, configs: list, prices: dict, prune: float = 1
     caps = {}
     if len(configs) > 1:
         keys = sorted({(c.gpu, c.tp) for c in configs})
-        tasks = [(single_capacity, (planner.raw, planner.source, g, tp, planner.target, planner.metric, s,
+        tasks = [(capacity_task, (planner.raw, planner.source, g, tp, planner.target, planner.metric, s,
                                     planner.rate, bound_requests), (g, tp, s))
                  for g, tp in keys for s in planner.seeds]
-        got = {}
-        for (g, tp, s), cap in run_tasks(tasks, jobs=jobs, dask=dask):
-            got.setdefault((g, tp), []).append(cap)
+        got, cap_cpu = {}, 0.0
+        for (g, tp, s), out in run_tasks(tasks, jobs=jobs, dask=dask):
+            got.setdefault((g, tp), []).append(out["capacity"])
+            cap_cpu += out["cpu_s"]
         caps = {k: mean_interval(v).mean for k, v in got.items()}
         for (g, tp), cap in sorted(caps.items()):
             log(f"plan: one {g} tp{tp} replica holds {cap:.3g} req/s at the target", file=sys.stderr)
+    else:
+        cap_cpu = 0.0
     starts, estimate = {}, {}
     for c in configs:
         cap = caps.get((c.gpu, c.tp))
@@ -355,7 +366,8 @@ def plan_configs(planner: Planner, configs: list, prices: dict, prune: float = 1
             log(f"plan: {min(i + width, len(todo))}/{len(todo)} configurations searched; cheapest meeting so far "
                 f"${cap:.2f}/h" if cap < math.inf else f"plan: {min(i + width, len(todo))}/{len(todo)} "
                 f"configurations searched; none meets yet", file=sys.stderr)
-    return {"rows": rows, "capacity": caps, "pruned": [(c, estimate[c]) for c in pruned], "capped": capped}
+    return {"rows": rows, "capacity": caps, "pruned": [(c, estimate[c]) for c in pruned], "capped": capped,
+            "capacity_cpu_s": cap_cpu}
 
 
 def summarize_points(rows: list, target: float) -> pd.DataFrame:
@@ -555,7 +567,9 @@ def answer(points: pd.DataFrame, best, args, seeds, result) -> dict:
     """plan.json: the choice with its interval, or why nothing met the target."""
     out = {"rate_rps": args.rate, "target": args.slo_attainment, "metric": args.metric, "seeds": seeds,
            "evaluations": len(result["rows"]), "configurations": int(points["config"].nunique()),
-           "pruned": [c.label for c, _ in result["pruned"]]}
+           "pruned": [c.label for c, _ in result["pruned"]], "not_run": [c.label for c in result.get("capped", [])],
+           "cpu_s": {"capacity_bounds": result.get("capacity_cpu_s", 0.0),
+                     "cluster_runs": float(sum(r.get("cpu_s", 0.0) for r in result["rows"]))}}
     if best is not None:
         iv = Interval(best["attainment"], best["attainment_lo"], best["attainment_hi"], int(best["seeds"]))
         out.update(status="ok", config=best["config"], gpu=best["gpu"], tp=int(best["tp"]), mode=best["mode"],
