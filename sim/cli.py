@@ -40,7 +40,9 @@ SUMMARY_KEYS = ("requests", "completed", "infeasible", "makespan_s", "tps", "req
                 "ttft_p99", "tpot_mean", "tbt_p99_p99", "e2e_mean", "evictions", "swaps", "batch_size_mean",
                 "running_mean", "kv_util_mean", "kv_util_max", "slo_attainment", "goodput_rps", "iterations",
                 "replicas", "gpus", "gpu_seconds", "goodput_rps_per_gpu", "load_imbalance", "kv_transfer_s_mean",
-                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "costmodel_kind", "costmodel_file",
+                "kv_transfer_share", "handoff_wait_s_mean", "prefix_hit_rate", "autoscale_ups", "autoscale_downs",
+                "replicas_held_mean", "replicas_held_max", "gpu_hours", "cost_usd",
+                "usd_per_million_tokens", "energy_j", "joules_per_token", "power_w_mean", "costmodel_kind", "costmodel_file",
                 "overheads", "kv_capacity_tokens", "wall_s")
 
 
@@ -88,6 +90,9 @@ def cmd_run(args) -> int:
         print(f"warning: run truncated at sim.max_iterations={scn.sim.max_iterations}; "
               f"{res.summary['completed']}/{res.summary['requests']} requests completed", file=sys.stderr)
     print_summary(res.summary, f"{scn.name}: policy={scn.policy.get('name')} M={res.capacity_tokens} tokens")
+    hint = overload_hint(res, args.scenario, (scn.workload or {}).get("rate"))
+    if hint:
+        print(hint, file=sys.stderr)
     print(f"  {res.meta['memory_text']}")
     if "replicas" in res.tables:                # a cluster: one line per replica (the busiest, when many)
         cols = ["replica", "pool", "gpu", "gpus", "routed", "completed", "utilization", "ttft_p99", "kv_util_mean"]
@@ -108,6 +113,26 @@ def cmd_run(args) -> int:
         note = "" if len(res.iterations) else " (no iterations: sim.record_iterations is off)"
         print(f"wrote {args.trace_out}: {n} trace events{note}; open it in https://ui.perfetto.dev")
     return 0
+
+
+def overload_hint(res, scenario: str, rate=None) -> str:
+    """A line when SLO attainment is low because requests arrive faster than the replicas serve them (the queue
+    grows for the whole run), which no scheduler setting cures: more replicas or GPUs do."""
+    s, req = res.summary, res.requests
+    att = s.get("slo_attainment", float("nan"))
+    if not (att == att and att < 0.5) or len(req) < 20:
+        return ""
+    arr = req["arrival_s"].to_numpy(float)
+    span = float(arr.max() - arr.min())
+    served = s.get("request_throughput", float("nan"))
+    if span <= 0 or not served == served:
+        return ""
+    offered = (len(arr) - 1) / span
+    if served >= 0.8 * offered:
+        return ""
+    return (f"hint: overloaded: requests arrive at {offered:.3g} req/s but are served at {served:.3g} req/s, so the "
+            f"queue grows all run (mean queueing {s.get('queueing_mean', float('nan')):.3g} s) and attainment is "
+            f"{att:.3g}; add replicas or GPUs (servesim plan {scenario} --rate {rate or float(f'{offered:.3g}'):g} finds how many)")
 
 
 def _replica_scenarios(scn) -> list:

@@ -131,6 +131,12 @@ def run_capacity(base: dict, source: str, policies, seeds, target: float, metric
     per_policy = table.groupby("policy", sort=False).agg(capacity_min_rps=("capacity_rps", "min"),
                                                          capacity_mean_rps=("capacity_rps", "mean"),
                                                          seeds=("seed", "count")).reset_index()
+    # the mean's 95 % interval, bootstrap over the seeds (study/intervals.py), and the seeds a +-5 % one needs
+    from study.intervals import mean_interval, seeds_needed
+    ivs = [mean_interval(table.loc[table["policy"] == pol, "capacity_rps"]) for pol in per_policy["policy"]]
+    per_policy["capacity_lo_rps"] = [iv.lo for iv in ivs]
+    per_policy["capacity_hi_rps"] = [iv.hi for iv in ivs]
+    per_policy["seeds_for_5pct"] = [seeds_needed(iv, 0.05 * iv.mean) if iv.n > 1 else None for iv in ivs]
     if target_rate is not None:
         tp = scn.hardware.tp
         per_policy["target_rate_rps"] = target_rate

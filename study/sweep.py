@@ -442,6 +442,11 @@ def add_parallel_args(p) -> None:
 
 
 def cmd_sweep(args) -> int:
+    if args.seeds:                                 # --seeds 0-4: the seed axis, folded into intervals after the run
+        from study.intervals import parse_seeds
+        if any(g.split("=", 1)[0].strip() == "seed" for g in args.grid):
+            raise UserError("--seeds and --grid seed=...: give the seeds once")
+        args.grid = list(args.grid) + ["seed=" + ",".join(map(str, parse_seeds(args.seeds)))]
     spec = load_sweep(args.sweep, args.grid, args.set)
     from sim.paths import output_dir
     out = output_dir(args.out or Path("out") / "sweeps" / spec.name)
@@ -463,6 +468,7 @@ def cmd_sweep(args) -> int:
     print(f"{res.ran} run, {res.skipped} already done, {res.errors} error(s) in {res.wall_s:.1f} s; "
           f"table: {res.out_dir / 'results.csv'}")
     _show(res.table, spec, args.show)
+    _show_over_seeds(res.table, spec, args.show, res.out_dir)
     if res.errors or (len(res.table) and (res.table["status"] == "error").any()):
         bad = res.table[res.table["status"] == "error"]
         for _, r in bad.head(5).iterrows():
@@ -493,6 +499,28 @@ def _show(table: pd.DataFrame, spec: SweepSpec, show: str) -> None:
         print(f"... {len(table) - SHOW_MAX_ROWS} more rows in results.csv")
 
 
+def _show_over_seeds(table: pd.DataFrame, spec: SweepSpec, show: str, out: Path) -> None:
+    """With seed among the axes: every metric shown, folded over the seeds into a mean and a 95 % interval
+    (study/intervals.py), printed and written to over_seeds.csv."""
+    axes = [a.key for a in spec.axes]
+    if "seed" not in axes or not len(table) or "seed" not in table:
+        return
+    from study.intervals import over_seeds
+    cols = [c.strip() for c in (SHOW_DEFAULT if show == "none" else show).split(",") if c.strip()]
+    folded = over_seeds(table, [a for a in axes if a != "seed" and a in table], cols)
+    write_table(folded, out / "over_seeds.csv")
+    if show == "none":
+        return
+    view = folded[[c for c in folded.columns if not c.endswith(("_lo", "_hi"))]].copy()
+    for c in cols:
+        if f"{c}_lo" in folded:
+            view[c] = [f"{m:.4g} [{lo:.4g}, {hi:.4g}]" for m, lo, hi in
+                       zip(folded[c], folded[f"{c}_lo"], folded[f"{c}_hi"])]
+    print(f"over seeds (mean [95% interval]; {out / 'over_seeds.csv'}):")
+    with pd.option_context("display.width", 220, "display.max_columns", 30):
+        print(view.head(SHOW_MAX_ROWS).to_string(index=False))
+
+
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of scenarios (rate x M x policy x seed ...) into one results table",
                        description="Run every combination of --grid values; one row per run in OUT/results.csv. "
@@ -503,6 +531,9 @@ def register(sub) -> None:
                         "--grid per field (a second one for the same field is an error); it replaces a sweep file's "
                         "axis of that field")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed override for every point")
+    p.add_argument("--seeds", action="append", metavar="S[,S]",
+                   help="a seed axis (comma-separated or a range 0-4); the shown metrics are then also folded over "
+                        "the seeds into a mean and a 95%% interval (over_seeds.csv)")
     p.add_argument("--out", help="results directory (default out/sweeps/<name>)")
     p.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")
     p.add_argument("--show", default=SHOW_DEFAULT, metavar="COL[,COL]",

@@ -91,6 +91,9 @@ def test_cli_capacity_per_policy_and_seed_with_gpus(tmp_path, capsys):
     per = pd.read_csv(tmp_path / "cap" / "per_policy.csv")
     for _, r in per.iterrows():
         assert r["gpus_needed"] == math.ceil(500 / r["capacity_min_rps"] - 1e-9)
+        # two seeds: the bootstrap interval of their mean is [smaller, larger] (study/intervals.py, hand-worked)
+        two = cap.loc[cap["policy"] == r["policy"], "capacity_rps"]
+        assert (r["capacity_lo_rps"], r["capacity_hi_rps"]) == (two.min(), two.max())
 
 
 def test_capacity_needs_slo_targets():

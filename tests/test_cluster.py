@@ -299,28 +299,32 @@ PLAN_WL = {"kind": "poisson", "num_requests": 150, "rate": 4, "prompt": {"dist":
 
 
 def test_planner_finds_the_fewest_replicas_that_meet_the_target():
-    from study.plan import Planner
+    from study.intervals import attainment_interval
+    from study.plan import Config, Planner, SizeSearch
     raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
            "workload": PLAN_WL, "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "cluster": {"router": "least_tokens"}}
-    p = Planner(raw, "test", rate=14.0, target=0.9, seeds=[0, 1])
-    ans = p.search()
-    assert ans["status"] == "ok"
-    n = ans["replicas"]
-    assert p.meets((n,)) and ans["gpus"] == n
+    search = SizeSearch(Planner(raw, "test", rate=14.0, target=0.9, seeds=[0, 1]),
+                        Config("a100-80gb", 1, "colocated", None))
+    layout, n = search.search()
+    assert layout == (n,) and search.meets((n,))
+    assert search.interval((n,)).lo >= 0.9                                     # the lower end decides
     if n > 1:
-        assert (n - 1,) in {k[0] for k in p.cache} and not p.meets((n - 1,))   # one fewer misses
-    for (lay, seed), rec in p.cache.items():                                    # common random numbers
-        assert rec["layout"] == list(lay)
+        assert ((n - 1,), 0) in search.cache and not search.meets((n - 1,))     # one fewer misses
+    for (lay, seed), rec in search.cache.items():                               # common random numbers
+        assert rec["layout"] == ":".join(map(str, lay)) and rec["seed"] == seed
+    counts = [(search.cache[((n,), s)]["met"], search.cache[((n,), s)]["n"]) for s in (0, 1)]
+    assert search.interval((n,)) == attainment_interval(counts)
 
 
 def test_planner_splits_a_disaggregated_pool():
-    from study.plan import Planner
+    from study.plan import Config, Planner, SizeSearch
     raw = {"name": "p", "seed": 0, "policy": {"name": "vllm-v1"}, "hardware": {"gpu": "a100-80gb"},
            "workload": PLAN_WL, "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
            "cluster": {"disaggregation": {"preset": "distserve"}}}
-    ans = Planner(raw, "test", rate=6.0, target=0.8, seeds=[0], max_replicas=8).search()
-    assert ans["status"] == "ok" and ans["disaggregated"]
-    assert ans["prefill"] + ans["decode"] == ans["replicas"] >= 2
+    search = SizeSearch(Planner(raw, "test", rate=6.0, target=0.8, seeds=[0], max_replicas=8),
+                        Config("a100-80gb", 1, "scenario", None))
+    layout, n = search.search()
+    assert layout is not None and len(layout) == 2 and sum(layout) == n >= 2 and min(layout) >= 1
 
 
 def test_planner_bad_input_is_one_line():

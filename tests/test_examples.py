@@ -33,6 +33,7 @@ QUOTED = [
     ("aptserve-sharegpt.yaml", ("workload.rate=1.5",), "1.5 req/s is under it (attainment 1.0)", "slo_attainment",
      1.0, 0.01),
     ("azure-conv-shape.yaml", (), "mean TTFT ~0.26 s", "ttft_mean", 0.26, 0.1),
+    ("cluster-plan.yaml", ("cluster.replicas=6",), "are overloaded and reach 0.04", "slo_attainment", 0.04, 0.1),
     ("bros-hybrid.yaml", (), "mean TTFT ~5 s", "ttft_mean", 5.0, 0.1),
     ("econoserve-sharegpt.yaml", (), "mean TTFT ~0.39 s", "ttft_mean", 0.39, 0.1),
     ("econoserve-sharegpt.yaml", (), "KV ~78 % allocated", "kv_util_mean", 0.78, 0.1),

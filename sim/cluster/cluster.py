@@ -56,6 +56,7 @@ class ClusterSpec:
     layerwise: bool = False
     first_token: str = "decode"
     where: list = field(default_factory=list)   # each group's place in the YAML (cluster.replicas[1], ...)
+    autoscale: object = None        # sim/cluster/autoscale.py's AutoscaleSpec: the serving set changes over time
 
     @property
     def disaggregated(self) -> bool:
@@ -105,10 +106,12 @@ def parse_cluster(raw: dict) -> ClusterSpec:
     where = "cluster"
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping")
-    bad = set(raw) - {"replicas", "router", "disaggregation"}
+    bad = set(raw) - {"replicas", "router", "disaggregation", "autoscale"}
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: replicas, router, "
-                        "disaggregation")
+                        "disaggregation, autoscale")
+    if raw.get("autoscale") is not None and raw.get("disaggregation") is not None:
+        raise UserError(f"{where}.autoscale: scales a co-located pool; not with disaggregation")
     dis = raw.get("disaggregation")
     if dis is not None:
         if "replicas" in raw:
@@ -158,7 +161,11 @@ def parse_cluster(raw: dict) -> ClusterSpec:
         wheres = [f"{where}.replicas"]
         groups = [_group(reps, SERVE, wheres[0])]
     _check_fits(groups)
-    return ClusterSpec(groups, raw.get("router"), where=wheres)
+    scale = None
+    if raw.get("autoscale") is not None:
+        from sim.cluster.autoscale import parse_autoscale
+        scale = parse_autoscale(raw["autoscale"], sum(count for _, count, _ in groups))
+    return ClusterSpec(groups, raw.get("router"), where=wheres, autoscale=scale)
 
 
 def in_group(message: str, where: str, overrides: dict) -> str:
@@ -338,6 +345,7 @@ class ClusterRun:
     handoffs: dict = field(default_factory=dict)     # request id → Handoff
     origin: list = field(default_factory=list)       # the workload's requests, in arrival order
     spec: ClusterSpec = None
+    scaler: object = None                            # the Autoscaler, when the pool scales
 
 
 # -- the driver ------------------------------------------------------------------------------------------------
@@ -379,7 +387,14 @@ class Cluster:
         self.read_time = -math.inf      # when the router decides: ledgers count what left before it
         # Routers that read replica state beyond the ledgers see it exactly as of their decision only if the fast
         # paths stop before it (ArrivalClock.commit_limit); ledger-only routers let replicas run ahead.
-        self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state)
+        self.scaler = None
+        if self.spec.autoscale is not None:
+            from sim.cluster.autoscale import Autoscaler
+            model = scenario_model(self.groups[0].scn)
+            self.scaler = Autoscaler(self.spec.autoscale, self.front,
+                                     model.weight_bytes() / self.groups[0].scn.hardware.tp)
+        self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state) or \
+            bool(self.scaler is not None and self.scaler.reads_state)
         self.runs_ahead = not (self.cut_at_decisions or self.pd)
         self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
         self.pending_total = 0          # hand-offs waiting for decode-side KV, over all decode replicas
@@ -497,7 +512,7 @@ class Cluster:
 
     def run(self) -> ClusterRun:
         from sim.engine.loop import _quiet_gc
-        if not self.pd and (self.router.stateless or len(self.front) == 1):
+        if not self.pd and self.scaler is None and (self.router.stateless or len(self.front) == 1):
             # Decisions that read no replica state: place every request now and run each replica on its own
             # (the single-replica loop itself: a one-replica cluster costs nothing extra).
             while self.T < math.inf:
@@ -516,7 +531,7 @@ class Cluster:
                     self._start(h)
             self._loop()
         self._check_ledgers()
-        return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
+        return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec, self.scaler)
 
     def _check_ledgers(self) -> None:
         """After a run that was not cut short, every request has left every replica it was sent to."""
@@ -567,10 +582,11 @@ class Cluster:
                 h.clock.release_until(t)          # idle prefill replicas free KV whose transfer has ended
         woken = []
         self.read_time = t
+        front = self.scaler.serving(t) if self.scaler is not None else self.front
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
             self.idx += 1
-            h = self.front[checked_pick(self.router, r, self.front, t, 'cluster.router')]
+            h = front[checked_pick(self.router, r, front, t, 'cluster.router')]
             if self.pd:
                 clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
                                 predicted_output_tokens=1, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s)

@@ -93,6 +93,21 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
     if specs:                                      # speculative decoding, over the whole cluster
         from sim.engine.speculative import merged_stats
         summ.update(merged_stats(specs))
+    scaler = getattr(run, "scaler", None)
+    if scaler is not None:
+        t0 = req["arrival_s"].min() if len(req) else 0.0
+        scaler.close(t0 + makespan if makespan == makespan else t0)
+        held = {h.index: scaler.held_s(h.index) for h in replicas}
+        summ["gpu_seconds"] = float(sum(held[h.index] * h.gpus for h in replicas))
+        summ["goodput_rps_per_gpu"] = (summ["goodput_rps"] * makespan / summ["gpu_seconds"]
+                                       if summ["gpu_seconds"] > 0 else NAN)      # per GPU held on average
+        summ["autoscale_ups"], summ["autoscale_downs"] = scaler.ups, scaler.downs
+        summ["replicas_held_mean"] = (sum(held.values()) / makespan if makespan == makespan and makespan > 0
+                                      else NAN)
+        summ["replicas_held_max"] = _most_held(scaler)
+    else:
+        held = None
+    summ.update(_economics(replicas, it, summ, held))
     summ["wall_s"] = wall_s
     infeasible = [r for h in built for r in h.sim.infeasible]
     caps = [res.capacity_tokens for res in results]
@@ -104,8 +119,40 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
             "cluster": {"replicas": len(replicas), "gpus": gpus,
                         "pools": sorted({h.pool for h in replicas})}}
     out = SimResult(req, it, summ, capacity, meta)
+    if held is not None:
+        per["held_s"] = [held[h.index] for h in replicas]
+        out.tables["scaling"] = pd.DataFrame(scaler.events, columns=["t_s", "action", "replica", "metric",
+                                                                       "serves_from_s"])
     out.tables["replicas"] = per
     return out
+
+
+def _most_held(scaler) -> int:
+    """The most replicas held at once (acquired and not yet released)."""
+    marks = sorted([(a, 1) for spans in scaler.held.values() for a, _ in spans] +
+                   [(b, -1) for spans in scaler.held.values() for _, b in spans], key=lambda m: (m[0], m[1]))
+    most = now = 0
+    for _, d in marks:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def _economics(replicas, it, summ, held=None) -> dict:
+    """GPU-hours, cost and energy over every replica, each held for the makespan or, autoscaled, for its own held
+    time (sim/metrics/economics.py)."""
+    from sim.metrics.economics import economics_summary, gpu_economics
+    by_replica = dict(tuple(it.groupby("replica", sort=False))) if len(it) else {}
+    empty = it.iloc[:0]
+    econ, parts = {}, []
+    for h in replicas:
+        hw = h.scn.hardware
+        k = (hw.gpu, hw.usd_per_gpu_hour, hw.power_idle_w, hw.power_peak_w)
+        if k not in econ:
+            econ[k] = gpu_economics(hw)
+        rows = by_replica.get(h.index, empty) if h.scn.sim.record_iterations else None
+        parts.append((econ[k], h.gpus, rows) if held is None else (econ[k], h.gpus, rows, held[h.index]))
+    return economics_summary(parts, summ.get("makespan_s", NAN), summ.get("generated_tokens", 0))
 
 
 def _runs(values) -> str:

@@ -31,6 +31,10 @@ def run_scenario(scn: Scenario, requests=None, observe=None) -> SimResult:
     res.meta["memory"] = breakdown.as_dict() if breakdown is not None else {"M": sim.memory.capacity_tokens,
                                                                              "given": True}
     res.meta["memory_text"] = breakdown.describe() if breakdown is not None else "KV M given by memory.M"
+    from sim.metrics.economics import economics_summary, gpu_economics
+    recorded = res.iterations if scn.sim.record_iterations else None
+    res.summary.update(economics_summary([(gpu_economics(scn.hardware), scn.hardware.tp, recorded)],
+                                         res.summary["makespan_s"], res.summary["generated_tokens"]))
     res.summary["wall_s"] = res.meta["wall_s"]
     return res
 

@@ -43,6 +43,20 @@ GLOSSARY = {
     "kv_transfer_share": ("fraction", "disaggregated: KV transfer time over end-to-end latency, summed"),
     "handoff_wait_s_mean": ("s", "disaggregated: time a finished prefill waited for KV room on a decode replica"),
     "prefix_hit_rate": ("fraction", "prompt blocks found in the prefix cache at admissions (GPU or CPU tier)"),
+    "autoscale_ups": ("count", "autoscaling: decisions that added a replica (cluster.autoscale)"),
+    "autoscale_downs": ("count", "autoscaling: decisions that removed one (drained, or cancelled while loading)"),
+    "replicas_held_mean": ("replicas", "autoscaling: replicas held (loading, serving or draining), mean over the "
+                                       "makespan"),
+    "replicas_held_max": ("replicas", "autoscaling: the most replicas held at once"),
+    "gpu_hours": ("GPU·h", "GPUs held × makespan, in hours (every replica is held from first arrival to last "
+                           "completion)"),
+    "cost_usd": ("USD", "GPU-hours × each GPU's price per hour (profiles/gpu-economics.yaml or "
+                        "hardware.usd_per_gpu_hour); '-' when a GPU has no price"),
+    "usd_per_million_tokens": ("USD per 1M tokens", "cost over generated (output) tokens, per million"),
+    "energy_j": ("J", "board energy of every held GPU: each iteration at idle + (peak − idle) × min(1, 1.94·MFU + "
+                      "0.88·MBU), idle power between iterations (sim/metrics/economics.py)"),
+    "joules_per_token": ("J/token", "energy over generated (output) tokens"),
+    "power_w_mean": ("W", "energy over makespan: the fleet's mean board power"),
     "costmodel_kind": ("name", "the batch-time model the run used (linear, roofline, profiled; '(auto)': the "
                                "default kind chose it for the GPU and model)"),
     "costmodel_file": ("path", "the fitted file its coefficients came from (profiles/...), or built-in"),

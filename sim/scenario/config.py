@@ -32,6 +32,10 @@ class HardwareSection:
     tp: int = 1
     gpu_memory_utilization: float = 0.9
     host_memory_gib: float = 512.0     # CPU memory of the server: bounds swap space and the CPU KV offload tier
+    # price and board power of one GPU; null: the GPU's row in profiles/gpu-economics.yaml (sim/metrics/economics.py)
+    usd_per_gpu_hour: typing.Optional[float] = None
+    power_idle_w: typing.Optional[float] = None
+    power_peak_w: typing.Optional[float] = None
 
 
 @dataclass
@@ -303,6 +307,10 @@ _RANGES = (
     ("memory", "disk_offload_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 (0 = no disk tier) and <= {MAX_GIB:.0e} GiB"),
     ("memory", "disk_gb_per_s", lambda v: 0 < v <= 1e6, "> 0 and <= 1e6 (GB/s)"),
     ("hardware", "host_memory_gib", lambda v: 0 < v <= MAX_GIB, f"> 0 and <= {MAX_GIB:.0e} GiB"),
+    ("hardware", "usd_per_gpu_hour", lambda v: v is None or 0 <= v <= 1e6,
+     ">= 0 and <= 1e6 USD (or null: the GPU's listed price)"),
+    ("hardware", "power_idle_w", lambda v: v is None or 0 <= v <= 1e5, ">= 0 and <= 1e5 W (or null: the GPU's listed idle power)"),
+    ("hardware", "power_peak_w", lambda v: v is None or 0 <= v <= 1e5, ">= 0 and <= 1e5 W (or null: the GPU's board power limit)"),
     ("sim", "max_iterations", lambda v: v >= 0, "an integer >= 0 (0 = run to completion)"),
     ("sim", "watchdog_iterations", lambda v: v >= 1, "an integer >= 1"),
 )

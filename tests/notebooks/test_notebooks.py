@@ -11,7 +11,8 @@ NB_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @pytest.mark.parametrize("name,min_plots", [("quickstart", 2), ("infermax_findings", 4), ("policy_zoo", 2),
-                                            ("optimal_vs_heuristics", 4), ("calibrate_your_gpu", 2)])
+                                            ("optimal_vs_heuristics", 4), ("calibrate_your_gpu", 2),
+                                            ("fleet_plan", 2)])
 def test_notebook_executes_and_plots(name, min_plots, monkeypatch):
     monkeypatch.setenv("SERVESIM_NB_SMALL", "1")
     nb = nbformat.read(NB_DIR / f"{name}.ipynb", as_version=4)
