@@ -23,7 +23,7 @@ def test_expected_distinct_experts_hand_worked():
     assert experts_touched(scout, 16) == pytest.approx(10.3028, abs=1e-4)
     n = np.arange(1, 5000)
     reached = experts_touched(mix, n)
-    assert np.all(np.diff(reached) > 0) and reached.max() <= 8.0
+    assert np.all(np.diff(reached) >= 0) and reached.max() <= 8.0 and reached[63] > 7.99   # saturates
     assert experts_touched(Shard.of(get_model("llama-2-7b")), 64) == 0.0          # dense: none
 
 
