@@ -151,7 +151,7 @@ def simulation_scenario(row, workloads, overheads="vllm", kv="measured") -> dict
                    "cpu_offload_gib": round(cpu_gib, 6), "swap_space_gib": 0},
         "policy": {"name": "vllm-v1", "C": int(row["max_num_batched_tokens"]), "P": int(row["max_num_batched_tokens"]),
                    "R_max": int(row["max_num_seqs"])},
-        "costmodel": {"kind": "auto", "overheads": overheads},
+        "costmodel": {"kind": "auto", "overheads": host_overheads(overheads, gpu)},
         "workload": workload,
         "sim": {"record_iterations": False},
     }
@@ -207,9 +207,28 @@ def run_experiment(row, workloads, overheads="vllm", kv="measured") -> dict:
 
 
 def fit_experiments() -> list:
-    """Experiments the shipped `vllm` overheads were fitted on (their errors are not held-out)."""
+    """Experiments the shipped `vllm` overheads and its per-host refits (`vllm-<gpu>`) were fitted on (their errors
+    are not held-out)."""
     from costmodels.base import overhead_presets
-    return [str(x) for x in overhead_presets().get("vllm", {}).get("provenance", {}).get("fit_experiments", [])]
+    out = []
+    for name, preset in overhead_presets().items():
+        if name == "vllm" or name.startswith("vllm-") and name[5:] in _catalog_gpus():
+            out += [str(x) for x in preset.get("provenance", {}).get("fit_experiments", []) if str(x) not in out]
+    return out
+
+
+def _catalog_gpus():
+    from costmodels.catalog import GPUS
+    return GPUS
+
+
+def host_overheads(overheads, gpu: str):
+    """The `vllm` preset as refitted for this GPU's hosts (`vllm-<gpu>` in profiles/overheads.yaml) where one
+    exists; any other choice is kept."""
+    from costmodels.base import overhead_presets
+    if overheads == "vllm" and f"vllm-{gpu}" in overhead_presets():
+        return f"vllm-{gpu}"
+    return overheads
 
 
 def _medians(sel, keys) -> dict:
