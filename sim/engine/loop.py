@@ -77,6 +77,10 @@ class Simulation:
         self.tokens_generated = 0
         self.truncated = False
         self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
+        self._held: dict = {}             # multi-step window: request -> tokens produced but not yet released
+        self._held_done: list = []        # ... and requests whose last token is among them
+        self._holding = False
+        self.windows_released = 0         # multi-step windows whose held output was released
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
@@ -155,6 +159,9 @@ class Simulation:
             batch = policy.schedule(view)
             if view.looked_up:
                 view.end_schedule()
+            if not batch.reqs and not batch.cohort and (self._held or self._held_done):
+                self._release(now)                      # a multi-step window ended with nothing left to run
+                continue
             if not batch.reqs and not batch.cohort:
                 if cluster:                             # idle as a lone replica would be, until the next event
                     moved = view.step_swap_out or view.step_preemptions
@@ -261,7 +268,10 @@ class Simulation:
         if kv_bits < 16:                   # quantized KV: every cached token read this step is dequantized
             shape.kv_bits = kv_bits
             shape.dequant_tokens = sum(dc) + sum(pc)
-        return self.costmodel.batch_time(shape), sum(pt), len(pt), len(dc) + batch.cohort
+        dt = self.costmodel.batch_time(shape)
+        if not batch.scheduled:            # a multi-step window's later step: the scheduler did not run
+            dt -= self.costmodel.cpu_time(len(batch.reqs) + batch.cohort)
+        return dt, sum(pt), len(pt), len(dc) + batch.cohort
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""
@@ -383,6 +393,7 @@ class Simulation:
 
     def _commit(self, batch, now):
         view, cohort = self.view, self.cohort
+        self._holding = hold = batch.hold_output
         if batch.cohort:                   # first: members joining below take part from the next step on
             self._commit_cohort_step(now)
         finished = joined = False
@@ -397,9 +408,12 @@ class Simulation:
             if m >= r.input_tokens:
                 r.generated += 1
                 generated += 1
-                if r.first_token_s is None:
-                    r.first_token_s = now
-                r.token_times.append(now)
+                if hold:                   # multi-step: the client sees it when the window ends
+                    self._held[r] = self._held.get(r, 0) + 1
+                else:
+                    if r.first_token_s is None:
+                        r.first_token_s = now
+                    r.token_times.append(now)
                 if r.generated >= r.output_tokens:
                     self._finish(r, now)
                     finished = True
@@ -411,6 +425,22 @@ class Simulation:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
         if joined or finished:
             view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
+        self._holding = False
+        if not hold and (self._held or self._held_done):
+            self._release(now)
+
+    def _release(self, now) -> None:
+        """The end of a multi-step window: the tokens its steps held reach the client now, and the requests that
+        produced their last token inside it complete now."""
+        for r, k in self._held.items():
+            if r.first_token_s is None:
+                r.first_token_s = now
+            r.token_times.extend([now] * k)
+        self._held.clear()
+        done, self._held_done = self._held_done, []
+        self.windows_released += 1
+        for r in done:
+            self._complete(r, now, True)
 
     def _commit_cohort_step(self, now) -> bool:
         """Every member got its token at `now`; those whose last token it was complete. Returns whether any did."""
@@ -424,14 +454,21 @@ class Simulation:
         return bool(done)
 
     def _finish(self, r, now, finalize=True):
-        """A request produced its last token at `now`: free its KV and reduce its token times."""
-        r.completion_s = now
+        """A request produced its last token at `now`: free its KV and reduce its token times (inside a multi-step
+        window: the KV now, the completion when the window ends)."""
         r.state = DONE
         self.view.kv_cached_tokens -= r.cached
         if self.hold_kv:                   # a disaggregated prefill: the KV stays until it is sent (the cluster frees it)
             self.held_kv += r.blocks
         else:
             self.memory.free(r)
+        if self._holding:
+            self._held_done.append(r)
+            return
+        self._complete(r, now, finalize)
+
+    def _complete(self, r, now, finalize):
+        r.completion_s = now
         self.completed += 1
         if finalize:
             finalize_request(r, self.keep_token_times)
