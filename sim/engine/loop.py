@@ -251,7 +251,10 @@ class Simulation:
                     c2 += c * c
                     ck += c * m
                     pk += m
-            return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+            dt = self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read)
+            if not batch.scheduled:        # a multi-step window's later step: the scheduler did not run
+                dt -= self.costmodel.cpu_time(n_pre + n_dec)
+            return dt, pt, n_pre, n_dec
         shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
                            hidden_recompute_tokens=view.step_hidden_recompute)
         pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
