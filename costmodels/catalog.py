@@ -11,6 +11,9 @@ MiB = 1024 ** 2
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 TP_DEGREES = (1, 2, 4, 8)
+# set by model_from_hf_config while it builds a spec, so that a refusal names the file and its keys
+_CHECK_SOURCE: dict = {}
+MAX_LAYERS = 1024       # deepest public decoder stacks are ~10^2 layers; more is a typo or a unit slip
 
 
 def _dtype_bytes(dtype: str) -> float:
@@ -80,8 +83,49 @@ class ModelSpec:
     aliases: tuple = field(default=(), compare=False)
 
     def __post_init__(self):
-        if not self.head_dim:
+        if not self.head_dim and isinstance(self.heads, int) and self.heads > 0 and isinstance(self.hidden, int):
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        self.check(_CHECK_SOURCE.get("where"), _CHECK_SOURCE.get("names"))
+
+    def check(self, where: str | None = None, names: dict | None = None) -> None:
+        """Refuse a shape no transformer can have, in one line naming the field and the rule. `names` maps field
+        names to the ones the source uses (a config.json's keys)."""
+        where = where or f"model {self.name!r}"
+        nm = lambda f: (names or {}).get(f, f)  # noqa: E731
+        for f in ("layers", "hidden", "heads", "kv_heads", "vocab", "max_context", "head_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise UserError(f"{where}: {nm(f)} must be a positive integer, got {v!r}")
+        for f in ("ffn", "experts", "experts_per_token", "expert_ffn", "shared_expert_ffn", "dense_layers",
+                  "kv_lora_rank", "qk_rope_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise UserError(f"{where}: {nm(f)} must be a non-negative integer, got {v!r}")
+        if self.layers > MAX_LAYERS:
+            raise UserError(f"{where}: {nm('layers')} {self.layers} is more than any model has (at most {MAX_LAYERS})")
+        if self.kv_heads > self.heads or self.heads % self.kv_heads:
+            raise UserError(f"{where}: {nm('heads')} {self.heads} must be a multiple of {nm('kv_heads')} "
+                            f"{self.kv_heads} (each KV head serves a whole group of query heads)")
+        if self.dtype not in DTYPE_BYTES:
+            raise UserError(f"{where}: dtype {self.dtype!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)}")
+        if self.is_moe:
+            if not 1 <= self.experts_per_token <= self.experts:
+                raise UserError(f"{where}: {nm('experts_per_token')} {self.experts_per_token} must be between 1 and "
+                                f"{nm('experts')} {self.experts}")
+            if not self.expert_ffn:
+                raise UserError(f"{where}: a mixture-of-experts model needs {nm('expert_ffn')} > 0")
+            if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or \
+                    self.moe_layer_step < 1:
+                raise UserError(f"{where}: {nm('moe_layer_step')} must be an integer >= 1, got {self.moe_layer_step!r}")
+            if self.dense_layers >= self.layers:
+                raise UserError(f"{where}: {nm('dense_layers')} {self.dense_layers} leaves no MoE layer of "
+                                f"{self.layers}")
+        elif self.experts_per_token or self.expert_ffn or self.shared_expert_ffn:
+            raise UserError(f"{where}: {nm('experts_per_token')} or {nm('expert_ffn')} is set but {nm('experts')} is 0")
+        if (not self.is_moe or self.moe_layer_count() < self.layers) and not self.ffn:
+            raise UserError(f"{where}: {nm('ffn')} must be > 0 (the model has dense FFN layers)")
+        if self.qk_rope_dim and not self.kv_lora_rank:
+            raise UserError(f"{where}: {nm('qk_rope_dim')} is set without {nm('kv_lora_rank')} (MLA needs both)")
 
     # -- structure --------------------------------------------------------------------------------------------
     @property
@@ -171,6 +215,9 @@ class ModelSpec:
         for what, v in (("heads", self.heads), ("FFN", self.ffn), ("expert FFN", self.expert_ffn)):
             if v and v % tp:
                 raise UserError(f"{where}: {self.name} has {what} {v}, not divisible by tp={tp}")
+        if not self.is_mla and self.kv_heads % tp and tp % self.kv_heads:
+            raise UserError(f"{where}: {self.name} has {self.kv_heads} KV heads: tp={tp} must divide them or be a "
+                            "multiple of them (then each shard holds a copy)")
 
 
 # GPU memory is what the driver reports as total (torch.cuda.mem_get_info), which for the HBM3 H100/H200 parts is
@@ -305,6 +352,9 @@ def model_from_hf_config(cfg: dict, name: str, where: str = "config.json") -> Mo
     if not hidden or not layers or not heads:
         raise UserError(f"{where}: hidden_size, num_hidden_layers and num_attention_heads must be > 0")
     kv_heads = num(cfg.get("num_key_value_heads") or heads, "num_key_value_heads")
+    if not cfg.get("head_dim") and hidden % heads:
+        raise UserError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} (and no "
+                        "head_dim is given)")
     head_dim = num(cfg.get("head_dim") or hidden // heads, "head_dim")
     experts = num(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0,
                   "num_local_experts")
@@ -320,28 +370,51 @@ def model_from_hf_config(cfg: dict, name: str, where: str = "config.json") -> Mo
         elif str(cfg.get("model_type", "")).startswith("llama4"):
             shared = expert_ffn               # Llama 4: one shared expert of intermediate_size per MoE layer
     quant = top.get("quantization_config") or cfg.get("quantization_config") or {}
-    dtype = _quantized_dtype(quant) or \
-        {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16"}.get(str(cfg.get("torch_dtype", "float16")), "fp16")
+    torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
+    served = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16"}   # fp32 checkpoints served in 16 bits
+    if torch_dtype not in served and not _quantized_dtype(quant):
+        raise UserError(f"{where}: torch_dtype {torch_dtype!r} is not a serving precision; allowed: "
+                        f"{', '.join(served)} (or a quantization_config)")
+    dtype = _quantized_dtype(quant) or served[torch_dtype]
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
     gated = not str(cfg.get("model_type", "")).startswith("opt") and act in ("silu", "swiglu", "gelu_pytorch_tanh",
                                                                              "geglu", "gelu")
-    spec = ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=num(inter, "intermediate_size"),
-        vocab=num(need("vocab_size"), "vocab_size"),
-        max_context=num(cfg.get("max_position_embeddings") or 4096, "max_position_embeddings"),
-        gated_mlp=gated, tied_embeddings=bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-        dtype=dtype, head_dim=head_dim, experts=experts,
-        experts_per_token=num(cfg.get("num_experts_per_tok") or (2 if experts else 0), "num_experts_per_tok"),
-        expert_ffn=expert_ffn, shared_expert_ffn=shared,
-        moe_layer_step=num(cfg.get("interleave_moe_layer_step") or cfg.get("moe_layer_freq") or 1,
-                           "interleave_moe_layer_step") or 1,
-        dense_layers=num(cfg.get("first_k_dense_replace") or 0, "first_k_dense_replace"),
-        kv_lora_rank=num(cfg.get("kv_lora_rank") or 0, "kv_lora_rank"),
-        qk_rope_dim=num(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim") if cfg.get("kv_lora_rank") else 0,
-        hf_id=str(top.get("_name_or_path", "")))
-    if spec.is_moe and not spec.expert_ffn:
+    if experts and cfg.get("num_experts_per_tok") is not None and \
+            not 1 <= num(cfg["num_experts_per_tok"], "num_experts_per_tok") <= experts:
+        raise UserError(f"{where}: num_experts_per_tok {cfg['num_experts_per_tok']} must be between 1 and "
+                        f"the {experts} experts")
+    if experts and not expert_ffn:
         raise UserError(f"{where}: a mixture-of-experts config needs intermediate_size or moe_intermediate_size")
+    if kv_heads > heads or heads % max(kv_heads, 1):
+        raise UserError(f"{where}: num_attention_heads {heads} must be a multiple of num_key_value_heads {kv_heads}")
+    _CHECK_SOURCE.update(where=where, names=HF_FIELD_NAMES)    # the catalog's rules, told in the config's names
+    try:
+        spec = ModelSpec(
+            name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=num(inter, "intermediate_size"),
+            vocab=num(need("vocab_size"), "vocab_size"),
+            max_context=num(cfg.get("max_position_embeddings") or 4096, "max_position_embeddings"),
+            gated_mlp=gated, tied_embeddings=bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+            dtype=dtype, head_dim=head_dim, experts=experts,
+            experts_per_token=num(cfg.get("num_experts_per_tok") or (2 if experts else 0), "num_experts_per_tok"),
+            expert_ffn=expert_ffn, shared_expert_ffn=shared,
+            moe_layer_step=num(cfg.get("interleave_moe_layer_step") or cfg.get("moe_layer_freq") or 1,
+                               "interleave_moe_layer_step") or 1,
+            dense_layers=num(cfg.get("first_k_dense_replace") or 0, "first_k_dense_replace"),
+            kv_lora_rank=num(cfg.get("kv_lora_rank") or 0, "kv_lora_rank"),
+            qk_rope_dim=num(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim") if cfg.get("kv_lora_rank") else 0,
+            hf_id=str(top.get("_name_or_path", "")))
+    finally:
+        _CHECK_SOURCE.clear()
     return spec
+
+
+# ModelSpec fields -> the config.json keys they come from (for messages about an imported config)
+HF_FIELD_NAMES = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                  "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
+                  "max_context": "max_position_embeddings", "experts_per_token": "num_experts_per_tok",
+                  "expert_ffn": "moe_intermediate_size", "experts": "num_local_experts",
+                  "dense_layers": "first_k_dense_replace", "moe_layer_step": "interleave_moe_layer_step",
+                  "kv_lora_rank": "kv_lora_rank", "qk_rope_dim": "qk_rope_head_dim"}
 
 
 def _quantized_dtype(quant) -> str | None:

@@ -37,6 +37,9 @@ from costmodels.errors import UserError
 from costmodels.operators import LAYER_OPS, Shard, dense_work, experts_touched, prefill_attn_work
 
 EFFICIENCY_PATH = Path(__file__).resolve().parent.parent / "profiles" / "roofline-efficiencies.yaml"
+# Rows of one tile of the fused MoE kernel along the token dimension (vLLM's configs use 16-64; the small end,
+# which its decode-sized launches pick): each reached expert's rows are padded up to a multiple of it.
+MOE_BLOCK_ROWS = 16
 # KV heads of the model the decode-attention parameters are fitted on (Llama-2-7B, the shared A100 attention profile)
 DECODE_FIT_KV_HEADS = 32
 
@@ -144,7 +147,15 @@ class RooflineCostModel(CostModel):
         return self.elementwise_time(dense_work(s, op, n)[1])
 
     def moe_time(self, n):
-        """Router, routed experts (tokens spread over the experts they reach) and shared expert, per MoE layer."""
+        """Router, routed experts and shared expert, per MoE layer.
+
+        The routed experts run as one grouped GEMM per projection (vLLM's fused MoE kernel): it reads the weights
+        of only the experts the step's tokens reach (experts_touched: E·(1 − (1 − k/E)^n) for n tokens, top-k of
+        E), and its row tiles of all those experts fill the GPU together, so the tile occupancy is that of the
+        step's total rows (the n·k assignments, each reached expert's rows padded to the kernel's block of
+        MOE_BLOCK_ROWS) rather than of one expert's. `moe_gemm_scale` (fitted on an FP8 checkpoint) prices the
+        8-bit kernel's extra work (per-token activation quantisation and scaling) and applies to 8-bit experts only;
+        16-bit experts are priced by the roofline alone."""
         s, p = self.shard, self.params_in_use
         n = np.asarray(n, dtype=float)
         h, up = s.hidden, (2 if s.gated else 1)
@@ -153,16 +164,15 @@ class RooflineCostModel(CostModel):
         assignments = n * s.top_k
         local = reached / self.tp if self.expert_parallel else reached
         f = s.expert_ffn * self.tp if self.expert_parallel else s.expert_ffn     # EP: whole experts per GPU
-        rows = p["moe_imbalance"] * assignments / reached                        # busiest expert's rows
         work = assignments / (self.tp if self.expert_parallel else 1)
-        # grouped GEMMs: all reached experts' weights are read once; FLOPs over the assigned rows
+        padded = work + local * MOE_BLOCK_ROWS / 2.0                            # half a block per expert, expected
+        scale = self.overheads.moe_gemm_scale if s.weight_bytes < 2 else 1.0
         for k, nn in ((h, up * f), (f, h)):
-            compute = 2.0 * work * k * nn / (self.gemm_peak * p["gemm_compute_eff"]) * \
-                np.where(rows > 0, (rows + p["gemm_m_half"]) / np.maximum(rows, 1e-12), 1.0) * p["moe_imbalance"]
+            compute = 2.0 * k * nn * (padded + p["gemm_m_half"]) / (self.gemm_peak * p["gemm_compute_eff"]) * \
+                p["moe_imbalance"]
             memory = (local * k * nn * s.weight_bytes + work * (k + nn) * s.act_bytes) / \
                 (self.gpu.hbm_bytes_per_s * p["gemm_memory_eff"])
-            t = t + np.where(n > 0, self.overheads.moe_gemm_scale * np.maximum(compute, memory) + p["gemm_overhead_s"],
-                             0.0)
+            t = t + np.where(n > 0, scale * np.maximum(compute, memory) + p["gemm_overhead_s"], 0.0)
         t = t + self.elementwise_time((3.0 if s.gated else 2.0) * work * f * s.act_bytes)
         if s.shared_ffn:
             t = t + self.gemm_time(n, h, up * s.shared_ffn) + self.gemm_time(n, s.shared_ffn, h)

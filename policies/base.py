@@ -9,8 +9,12 @@ from costmodels.errors import UserError
 
 class Batch:
     """What runs this iteration: parallel lists of requests and tokens each processes, plus (policies that
-    opted in to Policy.decode_cohort) the engine's decode cohort taken whole: its size and Σ(m + 1)."""
-    __slots__ = ("reqs", "tokens", "num_tokens", "num_prefill_tokens", "cohort", "cohort_context")
+    opted in to Policy.decode_cohort) the engine's decode cohort taken whole: its size and Σ(m + 1).
+    Multi-step scheduling (one decision, several forward steps): `hold_output` keeps this step's tokens (and
+    completions) from the client until a later step that does not hold them; `scheduled` False says no scheduler
+    call preceded this step (it repeats the last decision), so the engine charges no per-step CPU time for it."""
+    __slots__ = ("reqs", "tokens", "num_tokens", "num_prefill_tokens", "cohort", "cohort_context", "hold_output",
+                 "scheduled")
 
     def __init__(self):
         self.reqs: list = []
@@ -19,6 +23,8 @@ class Batch:
         self.num_prefill_tokens = 0
         self.cohort = 0                # decode requests of the cohort, one token each (not in reqs)
         self.cohort_context = 0        # Σ(m + 1) over them
+        self.hold_output = False       # tokens released at the end of the multi-step window, not now
+        self.scheduled = True          # False: a later step of a multi-step window (no scheduler CPU time)
 
     def add(self, req, tokens: int, is_prefill: bool) -> None:
         self.reqs.append(req)

@@ -20,6 +20,16 @@ chunked prefill and 512 with it; block 16 and watermark 0.01 (the scenario's mem
 memory.watermark default is 0.01); recompute for single-sequence requests. Prompts longer than
 min(max_model_len, max_num_batched_tokens) are refused (infeasible), as v0 ignores them with an error.
 
+Multi-step scheduling (`num_scheduler_steps` n > 1, vLLM 0.6's --num-scheduler-steps, without chunked prefill as
+0.6.0 had it): one scheduling decision on decodes runs n forward steps: every request of the decision (running decodes and swap-ins)
+decodes in the n − 1 steps that follow, with no admission, swap-in or preemption in between, so a request arriving
+meanwhile waits for the window to end. A decision that admits prompts runs one step, as v0 gives prefills no
+lookahead slots without chunked prefill. Blocks for the n − 1 lookahead tokens are reserved with the decision (v0's lookahead slots; where they do
+not fit the window is one step). The tokens of a window reach the client when it ends (the engine holds them:
+Batch.hold_output), and a request whose last token falls inside it completes then. Only the decision's step
+pays the engine's per-step CPU time (Batch.scheduled). Not modelled: requests that finish inside a window stop
+costing GPU time at once (the engine ran them to the window's end).
+
 Not modelled: delay_factor (0 by default), beam search and n > 1 (always one sequence per request), partial-prefill
 limits of the late-v0 chunked scheduler, and v0's abort when swap space runs out (here it recomputes instead)."""
 from __future__ import annotations
@@ -30,6 +40,7 @@ from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
 
 _RUNNING, _SWAPPED, _WAITING = "running", "swapped", "waiting"
+_RUNNING_STATE = "running"           # Request.state of a request on the GPU (sim/engine/request.py)
 
 
 @dataclass
@@ -41,6 +52,7 @@ class V0Config:
     preemption_mode: str = "recompute"   # v0 recomputes single-sequence requests; "swap" forces swapping out
     watermark: float = 0.01              # the block manager's admission watermark (memory.watermark: null uses it)
     prefix_caching: bool = False         # enable_prefix_caching (off by default in v0)
+    num_scheduler_steps: int = 1         # forward steps per scheduling decision (vLLM 0.6 multi-step; 1: off)
 
     def validate(self, where="policy"):
         for k, low in (("max_num_seqs", 1), ("max_model_len", 0)):
@@ -54,6 +66,12 @@ class V0Config:
             raise UserError(f"{where}.preemption_mode: {self.preemption_mode!r} is not allowed; allowed: recompute, swap")
         if not 0 <= self.watermark < 1:
             raise UserError(f"{where}.watermark: must be in [0, 1), got {self.watermark!r}")
+        v = self.num_scheduler_steps
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"{where}.num_scheduler_steps: must be an integer >= 1, got {v!r}")
+        if v > 1 and self.enable_chunked_prefill:
+            raise UserError(f"{where}.num_scheduler_steps: multi-step scheduling runs without chunked prefill here "
+                            "(as in vLLM 0.6.0); set enable_chunked_prefill false or num_scheduler_steps 1")
 
 
 class VLLMv0Scheduler(Policy):
@@ -65,6 +83,9 @@ class VLLMv0Scheduler(Policy):
     def __init__(self, config=None, **knobs):
         super().__init__(config, **knobs)
         self._limits(self.config.max_model_len or 4096)
+        self._window: list = []          # multi-step: the requests of the current decision
+        self._steps_left = 0             # ... and the forward steps it still runs after this one
+        self.windows = 0                 # decisions that ran more than one step
 
     def _limits(self, max_model_len: int) -> None:
         c = self.config
@@ -98,7 +119,7 @@ class VLLMv0Scheduler(Policy):
         """Only decodes run, and a queued request stays blocked: its cause (KV, budget, max_num_seqs) persists while
         KV only shrinks and nothing completes; a swapped request would come back only after a step without
         preemption, which a steady stretch is, so none may be swapped."""
-        if view.swapped or len(view.running) > self.budget:
+        if view.swapped or len(view.running) > self.budget or self.config.num_scheduler_steps > 1:
             return False
         if view.waiting and not after_full_decode:
             return False
@@ -106,6 +127,34 @@ class VLLMv0Scheduler(Policy):
 
     # -- one step ------------------------------------------------------------------------------------------
     def schedule(self, view) -> Batch:
+        if self.config.num_scheduler_steps > 1:
+            return self._multi_step(view)
+        return self._decide(view)
+
+    def _multi_step(self, view) -> Batch:
+        """A step of a multi-step window: the decision's requests decode again; or a new decision."""
+        if self._steps_left:
+            self._steps_left -= 1
+            batch = Batch()
+            for r in self._window:
+                if r.state == _RUNNING_STATE and r.cached >= r.input_tokens:
+                    batch.add(r, 1, False)      # blocks were reserved with the decision (lookahead)
+            batch.scheduled = False
+            batch.hold_output = self._steps_left > 0 and bool(batch.reqs)
+            return batch
+        batch = self._decide(view)
+        if not batch.reqs or batch.num_prefill_tokens:
+            return batch                        # v0 runs a step with prompts as a single step (no lookahead slots)
+        extra = self.config.num_scheduler_steps - 1
+        grown = [r for r, c in zip(batch.reqs, batch.tokens) if view.reserve(r, r.cached + c + extra)]
+        if len(grown) == len(batch.reqs):       # lookahead slots for every request: a window of n steps
+            self._window = list(batch.reqs)
+            self._steps_left = extra
+            batch.hold_output = True
+            self.windows += 1
+        return batch
+
+    def _decide(self, view) -> Batch:
         batch = Batch()
         st = {"tokens": 0, "seqs": len(view.running), "preempted": False}
         if self.config.enable_chunked_prefill:

@@ -13,12 +13,18 @@ fused MoE kernel, which only the Llama-4-Scout experiment in the training set ex
 mean TTFT and mean ITL of the training experiments only, everything else in the cost model fixed (roofline v2 /
 profiled with the shipped efficiencies). `servesim validate` then reports the other experiments as held out. The default training set has
 one experiment per model family and every tensor-parallel degree (Llama-2-7B TP1, Qwen2.5-7B TP1, Mistral-Nemo
-TP2, Llama-3.1-70B TP4, Llama-4-Scout FP8 TP2); Yi-34B is never trained on."""
+TP2, Llama-3.1-70B TP4, Llama-4-Scout FP8 TP2); Yi-34B is never trained on.
+
+Per host: `--base vllm --preset vllm-a100-80gb --params step_s --train ...` refits only the named parameters on
+one GPU class's runs, the rest taken from the base preset, and writes the result as its own preset (validate uses
+`vllm-<gpu>` for that GPU's experiments where it exists). `--loo` fits once per training run on the others and
+prints each run's error from the fit that did not see it (nothing is written but the JSON of --out)."""
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import sys
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -37,8 +43,10 @@ DEFAULT_FIT = ("step_s", "frontend_s", "frontend_per_token_s", "frontend_steps",
                "decode_attention_scale", "allreduce_per_byte_scale", "moe_gemm_scale")
 
 
-def objective(x, rows, workloads, jobs, names):
+def objective(x, rows, workloads, jobs, names, base=None):
     over = {k: float(max(v, 0.0) * PARAMS[k][0]) for k, v in zip(names, x)}
+    if base:
+        over = {"preset": base, **over}
     if jobs > 1:
         from study.executors import run_tasks
         recs = [r for _, r in run_tasks([(run_experiment, (row, workloads, over), i) for i, row in enumerate(rows)],
@@ -52,33 +60,74 @@ def objective(x, rows, workloads, jobs, names):
     return np.array(res)
 
 
-def main(argv=None) -> int:
+def fit(rows, workloads, names, jobs, base=None):
+    """Least squares on the relative errors of mean e2e, TTFT and ITL of `rows`; returns (fitted, residuals)."""
     from scipy.optimize import least_squares
+    from costmodels.base import overhead_presets
+    start = overhead_presets().get(base or "vllm", {})      # a refit starts from the shipped values where they exist
+    x0 = [min(max(start.get(k, PARAMS[k][1] * PARAMS[k][0]) / PARAMS[k][0], PARAMS[k][2]), PARAMS[k][3])
+          for k in names]
+    lo, hi = [PARAMS[k][2] for k in names], [PARAMS[k][3] for k in names]
+    r = least_squares(objective, x0=x0, args=(rows, workloads, jobs, names, base), bounds=(lo, hi), diff_step=0.05,
+                      max_nfev=50, verbose=0)
+    return {k: float(v * PARAMS[k][0]) for k, v in zip(names, r.x)}, r.fun
+
+
+def leave_one_out(rows, workloads, names, jobs, base=None) -> list:
+    """Each run predicted by a fit on the other runs: the held-out records."""
+    from study.validate import run_experiment
+    out = []
+    for i, row in enumerate(rows):
+        fitted, _ = fit(rows[:i] + rows[i + 1:], workloads, names, jobs, base)
+        rec = run_experiment(row, workloads, {"preset": base, **fitted} if base else fitted)
+        rec["fitted_without_it"] = fitted
+        print(f"{rec['exp_id']:>6} {rec['model'][:36]:<36} tp{rec['tp']} fit {fitted}: APE e2e "
+              f"{rec['ape_pct']['e2e_mean']:.1f} TTFT {rec['ape_pct']['ttft_mean']:.1f} ITL "
+              f"{rec['ape_pct']['itl_mean']:.1f}", flush=True)
+        out.append(rec)
+    return out
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", default=",".join(DEFAULT_TRAIN))
     ap.add_argument("--data")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--params", default=",".join(DEFAULT_FIT), help=f"parameters to fit, of {', '.join(PARAMS)}")
+    ap.add_argument("--base", help="preset the unfitted parameters come from (default: none, zeros)")
+    ap.add_argument("--preset", default="vllm", help="name to write the fit under (default: vllm)")
+    ap.add_argument("--loo", action="store_true", help="leave-one-out errors only; writes nothing but --out")
+    ap.add_argument("--out", help="JSON of the leave-one-out records and medians")
     args = ap.parse_args(argv)
     train = [t.strip() for t in args.train.split(",")]
     exps, workloads = load_experiments(data_dir(args.data))
     rows = [r for _, r in exps.iterrows() if str(r["exp_id"]) in train]
     names = [p.strip() for p in args.params.split(",")]
-    from costmodels.base import overhead_presets
-    shipped = overhead_presets().get("vllm", {})      # a refit starts from the shipped values where they exist
-    x0 = [min(max(shipped.get(k, PARAMS[k][1] * PARAMS[k][0]) / PARAMS[k][0], PARAMS[k][2]), PARAMS[k][3])
-          for k in names]
-    lo, hi = [PARAMS[k][2] for k in names], [PARAMS[k][3] for k in names]
-    r = least_squares(objective, x0=x0, args=(rows, workloads, args.jobs, names), bounds=(lo, hi), diff_step=0.05,
-                      max_nfev=50, verbose=1)
-    fitted = {k: float(v * PARAMS[k][0]) for k, v in zip(names, r.x)}
-    resid = objective(r.x, rows, workloads, args.jobs, names)
+    bad = set(names) - set(PARAMS)
+    if bad:
+        raise SystemExit(f"--params: unknown {', '.join(sorted(bad))}; allowed: {', '.join(PARAMS)}")
+    if args.loo:
+        import json
+        recs = leave_one_out(rows, workloads, names, args.jobs, args.base)
+        med = {k: round(float(np.median([r["ape_pct"][k] for r in recs])), 2) for k in ("e2e_mean", "ttft_mean",
+                                                                                       "itl_mean")}
+        print(f"leave-one-out median APE % over {len(recs)} runs: {med}")
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"params": names, "base": args.base, "train": train,
+                                                  "records": recs, "median_ape_pct": med}, indent=1))
+        return 0
+    fitted, resid = fit(rows, workloads, names, args.jobs, args.base)
     path = REPO_ROOT / "profiles" / "overheads.yaml"
     doc = yaml.safe_load(path.read_text()) if path.exists() else {}
     doc.setdefault("presets", {})       # other presets (e.g. vllm-0.5-eager) are kept
-    doc["presets"].update({"vllm": {**{k: float(f"{v:.6g}") for k, v in fitted.items()}, "provenance": {
-        "engine": "vLLM v0.15.1 (OpenAI server, inference-perf client), H100 SXM",
-        "data": "../shared/data/validation/vllm-0.15.1 (experiments.csv, workloads.yaml)",
+    from costmodels.base import OVERHEAD_KEYS
+    base = {k: v for k, v in doc["presets"].get(args.base, {}).items() if k in OVERHEAD_KEYS} if args.base else {}
+    gpus = sorted({str(r["hardware"]) for r in rows})
+    doc["presets"].update({args.preset: {**base, **{k: float(f"{v:.6g}") for k, v in fitted.items()}, "provenance": {
+        "engine": f"vLLM v0.15.1 (OpenAI server, inference-perf client), {', '.join(gpus)}",
+        "data": str(args.data or "../shared/data/validation/vllm-0.15.1") + " (experiments.csv, workloads.yaml)",
+        **({"base_preset": args.base} if args.base else {}),
         "fit_experiments": train,
         "fitted_parameters": names,
         "fitted_by": "python -m study.fit_overheads (least squares on relative errors of mean e2e, TTFT, ITL)",
@@ -86,7 +135,7 @@ def main(argv=None) -> int:
         "date": _dt.date.today().isoformat()}}})
     path.write_text("# CPU and front-end overheads of real engines (costmodels.base.Overheads), per preset.\n"
                     + yaml.safe_dump(doc, sort_keys=False))
-    print(yaml.safe_dump(doc, sort_keys=False))
+    print(yaml.safe_dump(doc["presets"][args.preset], sort_keys=False))
     return 0
 
 

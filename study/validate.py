@@ -28,11 +28,16 @@ from sim.paths import output_file, shared_data_dir
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
 MEAN_METRICS = ("e2e_mean", "ttft_mean", "itl_mean")
 BLOCK = 16
-HARDWARE = {"H100": "h100-sxm"}
+# The experiments' hardware column (the study's names) -> catalog GPU; lower-case catalog names are accepted too.
+HARDWARE = {"H100": "h100-sxm", "H100-SXM": "h100-sxm", "H100-SXM-80GB": "h100-sxm", "H100-PCIE": "h100-pcie",
+            "H200": "h200", "A100-80GB": "a100-80gb", "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb",
+            "A100": "a100-80gb", "L40S": "l40s", "A40": "a40", "V100": "v100", "MI300X": "mi300x"}
 
 # From the data README (measured on the deployments, not fitted here): mean prompt lengths per workload minus the
 # system prompt and question (the chat template's tokens), and the base models' mean outputs where they stop early.
 TEMPLATE_TOKENS = {"general-lite": 26, "codegen": 25, "roleplay": 35, "reasoning-lite": 48}
+# the full-rate workloads of the same study send the same requests as their -lite versions
+TEMPLATE_TOKENS.update(general=TEMPLATE_TOKENS["general-lite"], reasoning=TEMPLATE_TOKENS["reasoning-lite"])
 BASE_MODEL_MEAN_OUTPUT = {("meta-llama/Llama-2-7b-hf", "codegen"): 195,
                           ("meta-llama/Llama-2-7b-hf", "reasoning-lite"): 1120}
 # The spread of those early stops is not in the README: a coefficient of variation of 0.13 is read off training
@@ -93,26 +98,44 @@ def experiment_model(row):
     return m, None
 
 
+def experiment_gpu(row) -> str:
+    """The catalog GPU an experiment ran on (its hardware column mapped; a catalog name is taken as is)."""
+    from costmodels.catalog import GPUS
+    hw = str(row["hardware"]).strip()
+    gpu = HARDWARE.get(hw.upper()) or (hw.lower() if hw.lower() in GPUS else None)
+    if gpu is None:
+        raise UserError(f"experiment {row['exp_id']}: hardware {hw!r} is not mapped to a catalog GPU; known: "
+                        f"{', '.join(HARDWARE)} or a catalog name ({', '.join(GPUS)})")
+    return gpu
+
+
+def measured_kv_blocks(row):
+    """The GPU KV blocks the deployment reported, or None where the cell is empty."""
+    v = row.get("vllm_kv_blocks_gpu")
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else int(v)
+
+
 def predicted_kv_blocks(row) -> int:
     """The GPU KV blocks costmodels.memory predicts vLLM allocates for this deployment (profiles/vllm-memory.yaml)."""
     from costmodels.catalog import get_gpu
     from costmodels.memory import vllm_memory_breakdown
     m, _ = experiment_model(row)
-    b = vllm_memory_breakdown(m, get_gpu(HARDWARE[str(row["hardware"])]), float(row["gpu_memory_utilization"]),
+    b = vllm_memory_breakdown(m, get_gpu(experiment_gpu(row)), float(row["gpu_memory_utilization"]),
                               int(row["tp"]), int(row["max_num_batched_tokens"]), int(row["max_num_seqs"]))
     return b.kv_tokens // BLOCK
 
 
 def simulation_scenario(row, workloads, overheads="vllm", kv="measured") -> dict:
     """The scenario mapping that reproduces one measured deployment; kv="predicted" sizes M as vLLM would
-    (costmodels.memory) instead of taking the blocks the deployment reported."""
+    (costmodels.memory) instead of taking the blocks the deployment reported (also where none were reported)."""
     m, why = experiment_model(row)
     if m is None:
         raise UserError(f"experiment {row['exp_id']}: {why}")
-    gpu = HARDWARE.get(str(row["hardware"]))
-    if gpu is None:
-        raise UserError(f"experiment {row['exp_id']}: hardware {row['hardware']!r} is not mapped; known: "
-                        f"{', '.join(HARDWARE)}")
+    gpu = experiment_gpu(row)
     wl_name = row["workload"]
     if wl_name not in workloads:
         raise UserError(f"experiment {row['exp_id']}: workload {wl_name!r} is not in workloads.yaml")
@@ -120,7 +143,8 @@ def simulation_scenario(row, workloads, overheads="vllm", kv="measured") -> dict
     sp = dict(wl["shared_prefix"])
     tp = int(row["tp"])
     kv_token = m.kv_bytes_per_token(None, tp)
-    cpu_gib = float(row["vllm_kv_blocks_cpu"]) * BLOCK * kv_token / 1024 ** 3
+    cpu_blocks = float(row.get("vllm_kv_blocks_cpu") or 0)
+    cpu_gib = (0.0 if math.isnan(cpu_blocks) else cpu_blocks) * BLOCK * kv_token / 1024 ** 3
     workload = {"kind": "shared_prefix", "stages": [dict(s) for s in wl["stages"]],
                 "num_groups": sp["num_unique_system_prompts"], "num_prompts_per_group": sp["num_users_per_system_prompt"],
                 "system_prompt_len": sp["system_prompt_len"], "question_len": sp["question_len"],
@@ -137,12 +161,12 @@ def simulation_scenario(row, workloads, overheads="vllm", kv="measured") -> dict
                                                              not m.name.endswith("fp8") else {})},
         "hardware": {"gpu": gpu, "tp": tp, "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
                      "host_memory_gib": 2048},
-        "memory": {"M": int(row["vllm_kv_blocks_gpu"]) * BLOCK if kv == "measured" else None,
+        "memory": {"M": measured_kv_blocks(row) * BLOCK if kv == "measured" and measured_kv_blocks(row) else None,
                    "block_size": BLOCK, "prefix_caching": True,
                    "cpu_offload_gib": round(cpu_gib, 6), "swap_space_gib": 0},
         "policy": {"name": "vllm-v1", "C": int(row["max_num_batched_tokens"]), "P": int(row["max_num_batched_tokens"]),
                    "R_max": int(row["max_num_seqs"])},
-        "costmodel": {"kind": "auto", "overheads": overheads},
+        "costmodel": {"kind": "auto", "overheads": host_overheads(overheads, gpu)},
         "workload": workload,
         "sim": {"record_iterations": False},
     }
@@ -171,11 +195,15 @@ def run_experiment(row, workloads, overheads="vllm", kv="measured") -> dict:
     from sim.cluster.runner import run_scenario
     from sim.scenario.config import scenario_from_dict
     rec = {"exp_id": str(row["exp_id"]), "model": row["hf_model"], "tp": int(row["tp"]),
-           "precision": row.get("precision", "FP16"), "workload": row["workload"]}
+           "precision": row.get("precision", "FP16"), "workload": row["workload"], "hardware": str(row["hardware"])}
     try:
+        m, _ = experiment_model(row)
+        rec["moe"] = bool(m is not None and m.is_moe)
+        rec["gpu"] = experiment_gpu(row)
         scn = scenario_from_dict(simulation_scenario(row, workloads, overheads, kv), source=f"experiment {row['exp_id']}")
-        rec["kv_blocks"] = {"measured": int(row["vllm_kv_blocks_gpu"]), "predicted": predicted_kv_blocks(row),
-                            "simulated": "measured" if kv == "measured" else "predicted"}
+        measured = measured_kv_blocks(row)
+        rec["kv_blocks"] = {"measured": measured, "predicted": predicted_kv_blocks(row),
+                            "simulated": "measured" if kv == "measured" and measured else "predicted"}
     except UserError as e:
         rec["skipped"] = str(e)
         return rec
@@ -194,23 +222,59 @@ def run_experiment(row, workloads, overheads="vllm", kv="measured") -> dict:
 
 
 def fit_experiments() -> list:
-    """Experiments the shipped `vllm` overheads were fitted on (their errors are not held-out)."""
+    """Experiments the shipped `vllm` overheads and its per-host refits (`vllm-<gpu>`) were fitted on (their errors
+    are not held-out)."""
     from costmodels.base import overhead_presets
-    return [str(x) for x in overhead_presets().get("vllm", {}).get("provenance", {}).get("fit_experiments", [])]
+    out = []
+    for name, preset in overhead_presets().items():
+        if name == "vllm" or name.startswith("vllm-") and name[5:] in _catalog_gpus():
+            out += [str(x) for x in preset.get("provenance", {}).get("fit_experiments", []) if str(x) not in out]
+    return out
 
 
-def summarize(records) -> dict:
+def _catalog_gpus():
+    from costmodels.catalog import GPUS
+    return GPUS
+
+
+def host_overheads(overheads, gpu: str):
+    """The `vllm` preset as refitted for this GPU's hosts (`vllm-<gpu>` in profiles/overheads.yaml) where one
+    exists; any other choice is kept."""
+    from costmodels.base import overhead_presets
+    if overheads == "vllm" and f"vllm-{gpu}" in overhead_presets():
+        return f"vllm-{gpu}"
+    return overheads
+
+
+def _medians(sel, keys) -> dict:
+    d = {k: round(float(np.median([r["ape_pct"][k] for r in sel])), 2) for k in keys}
+    d["experiments"] = len(sel)
+    return d
+
+
+def groups(records) -> dict:
+    """Named subsets of the experiments that ran: dense / MoE, each TP degree, each GPU."""
+    out = {"dense": [r for r in records if not r.get("moe")], "moe": [r for r in records if r.get("moe")]}
+    for tp in sorted({r["tp"] for r in records}):
+        out[f"tp{tp}"] = [r for r in records if r["tp"] == tp]
+    for gpu in sorted({r.get("gpu", "") for r in records}):
+        out[f"gpu:{gpu}"] = [r for r in records if r.get("gpu", "") == gpu]
+    return out
+
+
+def summarize(records, fitted=None) -> dict:
+    """Medians over every experiment that ran, over the held-out ones (no fit saw them), and per group over the
+    held-out ones only: an experiment a fit used never counts as a held-out error of that fit."""
     ran = [r for r in records if "ape_pct" in r]
-    fitted = set(fit_experiments())
+    fitted = set(fit_experiments()) if fitted is None else set(fitted)
+    held = [r for r in ran if r["exp_id"] not in fitted]
     out = {}
-    for label, sel in (("all", ran), ("held_out", [r for r in ran if r["exp_id"] not in fitted])):
+    for label, sel in (("all", ran), ("held_out", held)):
         if sel:
-            out[label] = {k: round(float(np.median([r["ape_pct"][k] for r in sel])), 2) for k in METRICS}
-            out[label]["experiments"] = len(sel)
-    for tp in sorted({r["tp"] for r in ran}):
-        sel = [r for r in ran if r["tp"] == tp]
-        out[f"tp{tp}"] = {k: round(float(np.median([r["ape_pct"][k] for r in sel])), 2) for k in MEAN_METRICS}
-        out[f"tp{tp}"]["experiments"] = len(sel)
+            out[label] = _medians(sel, METRICS)
+    for label, sel in groups(held).items():
+        if sel:
+            out[label] = _medians(sel, MEAN_METRICS)
     return out
 
 
@@ -244,13 +308,14 @@ def format_report(result) -> str:
         cells = "".join(f"{r['measured_ms'][m]:>7.0f}/{r['predicted_ms'][m]:<7.0f}" for m in METRICS)
         lines.append(f"{r['exp_id']:>16} {name:<44} {r['tp']:>2} {r['workload']:<14}{cells}")
         kvb = r["kv_blocks"]
-        label = f"APE %   (KV blocks: {kvb['measured']} measured, {kvb['predicted']} predicted)"
+        label = f"APE %   (KV blocks: {kvb['measured'] or '-'} measured, {kvb['predicted']} predicted)"
         lines.append(f"{'':>16} {label:<62}" + "".join(f"{r['ape_pct'][m]:>15.1f}" for m in METRICS))
     lines.append(f"measured/predicted ms; * = an experiment the overheads were fitted on; simulated with the "
                  f"{result.get('kv', 'measured')} KV blocks")
+    lines.append("groups below: held-out experiments only")
     for label, d in result["summary"].items():
         keys = METRICS if label in ("all", "held_out") else MEAN_METRICS
-        lines.append(f"median APE % {label:<9} ({d['experiments']} exp): " +
+        lines.append(f"median APE % {label:<13} ({d['experiments']:>2} exp): " +
                      ", ".join(f"{k} {d[k]:.1f}" for k in keys))
     return "\n".join(lines)
 

@@ -140,3 +140,57 @@ def test_front_end_time_is_added_to_ttft_and_e2e_only():
 def test_overheads_reject_unknown_keys_in_one_line():
     with pytest.raises(UserError, match="unknown key.*allowed: preset, step_s"):
         Overheads.from_spec({"frontend_ms": 3})
+
+
+def _tiny_folder(tmp_path, rows):
+    """A --data folder in the shared format: a short workload, the given experiment rows (KV cells empty)."""
+    import yaml
+    wl = {"load_type": "constant", "workloads": {"tiny": {
+        "stages": [{"duration": 20, "rate": 1.0}],
+        "shared_prefix": {"enable_multi_turn_chat": True, "num_unique_system_prompts": 2,
+                          "num_users_per_system_prompt": 2, "output_len": 20, "question_len": 50,
+                          "system_prompt_len": 30}}}}
+    (tmp_path / "workloads.yaml").write_text(yaml.safe_dump(wl))
+    head = ("exp_id,hf_model,hardware,tp,precision,max_num_seqs,max_num_batched_tokens,gpu_memory_utilization,"
+            "vllm_kv_blocks_gpu,vllm_kv_blocks_cpu,workload,e2e_mean_ms,e2e_p90_ms,e2e_p99_ms,ttft_mean_ms,"
+            "ttft_p90_ms,ttft_p99_ms,itl_mean_ms\n")
+    (tmp_path / "experiments.csv").write_text(head + "".join(
+        f"{i},meta-llama/Llama-3.1-8B-Instruct,{hw},1,FP16,128,2048,0.9,,,tiny,300,400,500,30,40,50,10\n"
+        for i, hw in rows))
+    return tmp_path
+
+
+def test_validate_maps_every_catalog_gpu_and_refuses_unknown_hardware_in_one_line(tmp_path):
+    """A100-80GB and L40S rows run on their catalog GPUs (an empty KV cell: the predicted blocks, as vLLM would
+    allocate on that GPU); an unknown accelerator is not run, with one line naming it and what is known."""
+    from study.validate import run_validation
+    res = run_validation(_tiny_folder(tmp_path, [("1", "A100-80GB"), ("2", "L40S"), ("3", "H100"),
+                                                 ("4", "TPU-v5e")]))
+    recs = {r["exp_id"]: r for r in res["experiments"]}
+    assert recs["1"]["gpu"] == "a100-80gb" and recs["2"]["gpu"] == "l40s" and recs["3"]["gpu"] == "h100-sxm"
+    for i in ("1", "2", "3"):
+        assert recs[i]["kv_blocks"]["measured"] is None and recs[i]["kv_blocks"]["simulated"] == "predicted"
+        assert recs[i]["completed"] == recs[i]["requests"] > 0
+    # the same model gets less KV on a 48 GB L40S than on an 80 GB A100, and runs slower there (bandwidth)
+    assert recs["2"]["kv_blocks"]["predicted"] < 0.6 * recs["1"]["kv_blocks"]["predicted"]
+    assert recs["2"]["predicted_ms"]["itl_mean"] > recs["1"]["predicted_ms"]["itl_mean"] > \
+        recs["3"]["predicted_ms"]["itl_mean"]
+    assert "hardware 'TPU-v5e' is not mapped to a catalog GPU" in recs["4"]["skipped"]
+    assert "\n" not in recs["4"]["skipped"]
+    assert {"gpu:a100-80gb", "gpu:l40s", "gpu:h100-sxm", "dense", "tp1"} <= set(res["summary"])
+
+
+def test_validate_groups_are_medians_over_held_out_experiments_only(validation):
+    """Per group (dense / MoE / each TP / each GPU) only experiments no fit saw count: the groups' experiment
+    counts add up to the held-out count, and no fitted experiment's error is in any group's median."""
+    from study.validate import groups
+    s = validation["summary"]
+    fitted = set(validation["fit_experiments"])
+    held = [r for r in validation["experiments"] if "ape_pct" in r and r["exp_id"] not in fitted]
+    assert s["dense"]["experiments"] + s["moe"]["experiments"] == s["held_out"]["experiments"] == len(held)
+    assert sum(d["experiments"] for k, d in s.items() if k.startswith("tp")) == len(held)
+    for label, sel in groups(held).items():
+        if sel:
+            assert s[label]["itl_mean"] == pytest.approx(float(np.median([r["ape_pct"]["itl_mean"] for r in sel])),
+                                                         abs=0.01)
+    assert s["moe"]["experiments"] == 3          # Llama-4-Scout FP8 20, 21, 48 (17 is a training experiment)

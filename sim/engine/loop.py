@@ -95,6 +95,10 @@ class Simulation:
         self.tokens_generated = 0
         self.truncated = False
         self.iter_rows: list = []         # one tuple per iteration, in ITER_COLUMNS order
+        self._held: dict = {}             # multi-step window: request -> tokens produced but not yet released
+        self._held_done: list = []        # ... and requests whose last token is among them
+        self._holding = False
+        self.windows_released = 0         # multi-step windows whose held output was released
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
@@ -175,6 +179,9 @@ class Simulation:
             batch = policy.schedule(view)
             if view.looked_up:
                 view.end_schedule()
+            if not batch.reqs and not batch.cohort and (self._held or self._held_done):
+                self._release(now)                      # a multi-step window ended with nothing left to run
+                continue
             if not batch.reqs and not batch.cohort:
                 if cluster:                             # idle as a lone replica would be, until the next event
                     moved = view.step_swap_out or view.step_preemptions
@@ -270,7 +277,10 @@ class Simulation:
                     c2 += c * c
                     ck += c * m
                     pk += m
-            return self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read), pt, n_pre, n_dec
+            dt = self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read)
+            if not batch.scheduled:        # a multi-step window's later step: the scheduler did not run
+                dt -= self.costmodel.cpu_time(n_pre + n_dec)
+            return dt, pt, n_pre, n_dec
         return self._shape_batch_time(batch)
 
     def _shape_batch_time(self, batch):
@@ -296,6 +306,8 @@ class Simulation:
         if not 0.0 <= t < math.inf:        # an extension's cost model: NaN, inf or negative would corrupt the clock
             raise UserError(f"costmodel: {type(self.costmodel).__name__}.batch_time returned {t!r} seconds for a "
                             f"batch of {sum(pt) + sum(dc) + batch.cohort} tokens; it must be a finite number >= 0")
+        if not batch.scheduled:            # a multi-step window's later step: the scheduler did not run
+            t -= self.costmodel.cpu_time(len(batch.reqs) + batch.cohort)
         if view.step_disk_s:               # prefix blocks read from the disk tier before their PCIe copy
             t += view.step_disk_s
         return t, sum(pt), len(pt), len(dc) + batch.cohort
@@ -454,6 +466,7 @@ class Simulation:
 
     def _commit(self, batch, now):
         view, cohort = self.view, self.cohort
+        self._holding = hold = batch.hold_output
         if batch.cohort:                   # first: members joining below take part from the next step on
             self._commit_cohort_step(now)
         finished = joined = False
@@ -485,9 +498,12 @@ class Simulation:
             if m >= r.input_tokens:
                 r.generated += 1
                 generated += 1
-                if r.first_token_s is None:
-                    r.first_token_s = now
-                r.token_times.append(now)
+                if hold:                   # multi-step: the client sees it when the window ends
+                    self._held[r] = self._held.get(r, 0) + 1
+                else:
+                    if r.first_token_s is None:
+                        r.first_token_s = now
+                    r.token_times.append(now)
                 if r.generated >= r.output_tokens:
                     self._finish(r, now)
                     finished = True
@@ -499,6 +515,22 @@ class Simulation:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
         if joined or finished:
             view.loose[:] = [r for r in view.loose if r.cohort is None and r.state == RUNNING]
+        self._holding = False
+        if not hold and (self._held or self._held_done):
+            self._release(now)
+
+    def _release(self, now) -> None:
+        """The end of a multi-step window: the tokens its steps held reach the client now, and the requests that
+        produced their last token inside it complete now."""
+        for r, k in self._held.items():
+            if r.first_token_s is None:
+                r.first_token_s = now
+            r.token_times.extend([now] * k)
+        self._held.clear()
+        done, self._held_done = self._held_done, []
+        self.windows_released += 1
+        for r in done:
+            self._complete(r, now, True)
 
     def _commit_cohort_step(self, now) -> bool:
         """Every member got its token at `now`; those whose last token it was complete. Returns whether any did."""
@@ -512,14 +544,21 @@ class Simulation:
         return bool(done)
 
     def _finish(self, r, now, finalize=True):
-        """A request produced its last token at `now`: free its KV and reduce its token times."""
-        r.completion_s = now
+        """A request produced its last token at `now`: free its KV and reduce its token times (inside a multi-step
+        window: the KV now, the completion when the window ends)."""
         r.state = DONE
         self.view.kv_cached_tokens -= r.cached
         if self.hold_kv:                   # a disaggregated prefill: the KV stays until it is sent (the cluster frees it)
             self.held_kv += r.blocks
         else:
             self.memory.free(r)
+        if self._holding:
+            self._held_done.append(r)
+            return
+        self._complete(r, now, finalize)
+
+    def _complete(self, r, now, finalize):
+        r.completion_s = now
         self.completed += 1
         if r.followers and self.sessions is not None:       # the session's next turn: after its think time
             self.sessions.release(r, now)

@@ -37,6 +37,12 @@ def capacity_tokens(scn: Scenario, model, gpu, policy=None, costmodel=None) -> i
     if m.M is not None:
         if m.M <= 0:
             raise UserError(f"memory.M: must be a positive number of KV tokens, got {m.M}")
+        tp = scn.hardware.tp
+        if model is not None and gpu is not None and model.weight_bytes() / tp > gpu.mem_bytes:
+            # a given M skips vLLM's arithmetic, not physics: the weights must still fit beside it
+            raise UserError(f"memory.M: {model.name}'s weights ({model.weight_bytes() / tp / GiB:.1f} GiB per GPU at "
+                            f"tp={tp}) do not fit in {gpu.name}'s {gpu.mem_bytes / GiB:.0f} GiB; raise hardware.tp or "
+                            "pick a larger GPU")
         return int(m.M)
     return memory_breakdown(scn, model, gpu, policy, costmodel).kv_tokens
 
