@@ -587,7 +587,7 @@ def answer(points: pd.DataFrame, best, args, seeds, result) -> dict:
     within = {c[len("within_"):]: float(ev[c].mean()) for c in ev.columns if c.startswith("within_")}
     limit = min(within, key=within.get) if within else None
     flat = (points["search_status"] == "flat").any()
-    why = (f"more replicas stopped helping (attainment flat over two doublings)" if flat
+    why = ("more replicas stopped helping (attainment flat over two doublings)" if flat
            else f"no configuration of up to {args.max_replicas} replicas meets it; raise --max-replicas")
     limit_text = (f"; the limiting target is slo.{limit} = {ev[f'target_{limit}'].iloc[0]:g}: {within[limit]:.1%} "
                   f"of requests meet it there (median {ev[f'median_{limit}'].mean():.3g})" if limit else "")

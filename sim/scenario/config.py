@@ -8,7 +8,6 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from costmodels.errors import UserError
 from costmodels.values import describe, finite
