@@ -279,7 +279,9 @@ def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="
         records.sort(key=lambda r: order[r["exp_id"]])
     else:
         records = [run_experiment(row, workloads, overheads, kv) for row in rows]
-    return {"experiments": records, "summary": summarize(records), "fit_experiments": fit_experiments(), "kv": kv}
+    ids = {r["exp_id"] for r in records}
+    fitted = [x for x in fit_experiments() if x in ids]      # the fits' runs that are in this folder
+    return {"experiments": records, "summary": summarize(records, fitted), "fit_experiments": fitted, "kv": kv}
 
 
 def format_report(result) -> str:
