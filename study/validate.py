@@ -278,7 +278,17 @@ def summarize(records, fitted=None) -> dict:
     return out
 
 
-def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="measured") -> dict:
+def _progress(rec, k: int, n: int, stream) -> dict:
+    """One line per finished experiment, so a long validation shows it is moving."""
+    if stream is not None:
+        what = f"not run ({rec['skipped']})" if "skipped" in rec else \
+            f"e2e {rec['ape_pct']['e2e_mean']:.1f}% off in {rec['wall_s']} s"
+        print(f"[{k}/{n}] experiment {rec['exp_id']}: {what}", file=stream, flush=True)
+    return rec
+
+
+def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="measured", progress=None) -> dict:
+    """Simulate the folder's experiments; `progress` (a text stream) gets a line per finished one."""
     exps, workloads = load_experiments(data_dir(folder))
     rows = [r for _, r in exps.iterrows() if not only or str(r["exp_id"]) in only]
     if only:
@@ -289,12 +299,15 @@ def run_validation(folder=None, only=None, overheads="vllm", jobs: int = 1, kv="
     if jobs > 1:
         from study.executors import run_tasks
         tasks = [(run_experiment, (row, workloads, overheads, kv), str(row["exp_id"])) for row in rows]
-        records = [r for _, r in run_tasks(tasks, jobs=jobs)]
+        records = [_progress(r, k, len(rows), progress) for k, (_, r) in enumerate(run_tasks(tasks, jobs=jobs), 1)]
         order = {str(r["exp_id"]): i for i, r in enumerate(rows)}
         records.sort(key=lambda r: order[r["exp_id"]])
     else:
-        records = [run_experiment(row, workloads, overheads, kv) for row in rows]
-    return {"experiments": records, "summary": summarize(records), "fit_experiments": fit_experiments(), "kv": kv}
+        records = [_progress(run_experiment(row, workloads, overheads, kv), k, len(rows), progress)
+                   for k, row in enumerate(rows, 1)]
+    ids = {r["exp_id"] for r in records}
+    fitted = [x for x in fit_experiments() if x in ids]      # the fits' runs that are in this folder
+    return {"experiments": records, "summary": summarize(records, fitted), "fit_experiments": fitted, "kv": kv}
 
 
 def format_report(result) -> str:
@@ -324,7 +337,7 @@ def cmd_validate(args) -> int:
     only = [x.strip() for x in args.only.split(",")] if args.only else None
     if args.out:
         output_file(args.out)       # fail before the runs, not after
-    result = run_validation(args.data, only, args.overheads, args.jobs, args.kv)
+    result = run_validation(args.data, only, args.overheads, args.jobs, args.kv, progress=sys.stderr)
     print(format_report(result))
     if args.out:
         output_file(args.out).write_text(json.dumps(result, indent=1))
