@@ -56,7 +56,7 @@ def test_time_scaling_hits_target_rate_and_keeps_burst_shape(shared_data):
 def test_unknown_process_and_bad_knobs():
     with pytest.raises(UserError, match="allowed: offline, poisson, gamma"):
         draw_arrivals({"process": "weibull"}, 3, np.random.default_rng(0), "w.arrival")
-    with pytest.raises(UserError, match=r"w.arrival.rate: must be a number > 0"):
+    with pytest.raises(UserError, match=r"w.arrival.rate: must be > 0 requests/s"):
         draw_arrivals({"process": "poisson", "rate": -1}, 3, np.random.default_rng(0), "w.arrival")
     with pytest.raises(UserError, match="unknown key"):
         draw_arrivals({"process": "poisson", "rate": 1, "cv": 2}, 3, np.random.default_rng(0), "w")
