@@ -82,7 +82,7 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
         for x in str(v).split(","):
             x = x.strip()
             if not x:
-                continue
+                raise UserError(f"{flag}: an empty item in {str(v)!r}")
             lo, sep, hi = x.partition("-")
             try:
                 seeds = range(int(lo), int(hi) + 1) if sep and lo else [int(x)]

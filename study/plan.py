@@ -505,10 +505,10 @@ def cmd_plan(args) -> int:
     if args.out:
         output_dir(args.out, create=False)      # fail before the search, not after
     raw = scn.to_dict()
+    seeds = parse_seeds(args.seeds, "plan --seeds") if args.seeds else [scn.seed]     # option errors first
     if not scn.slos():
         raise UserError(f"{args.scenario}: plan needs SLO targets, e.g. --set slo.ttft_s=1 --set slo.tpot_s=0.05")
     check_rate_driven(raw, str(args.scenario))
-    seeds = parse_seeds(args.seeds) if args.seeds else [scn.seed]
     if not seeds:
         raise UserError("plan --seeds: no seeds given")
     gpus = _csv(args.gpus, "plan --gpus") if args.gpus else [scn.hardware.gpu]
