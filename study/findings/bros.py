@@ -21,19 +21,22 @@ PRESSURE_M = 6000
 REGIME_M = PRESSURE_M    # the paper's regime: RT requests wait for KV the BE backlog holds (see _header)
 
 
-def br(s: Scale, policy: str, rate: float, M: int | None = None, rt_only: bool = False, seed: int = 0) -> dict:
+def br(s: Scale, policy: str, rate: float, M: int | None = None, rt_only: bool = False, seed: int = 0,
+       overheads: str | None = None) -> dict:
     """One run; `vllm` is the paper's vLLM baseline, run as vLLM v0 (its own scheduler). M defaults to the paper's
-    regime (REGIME_M: the BE backlog holds the KV cache); M = 0 runs the example's full-size cache."""
+    regime (REGIME_M: the BE backlog holds the KV cache); M = 0 runs the example's full-size cache. `overheads`
+    names a CPU-overhead preset (profiles/overheads.yaml) for the TPOT probe; none by default (GPU time only)."""
     policy = VLLM if policy == "vllm" else policy
     M = REGIME_M if M is None else M
     ov = [f"workload.rt_requests={s.bros_rt}", f"workload.rt_rate={rate}", f"seed={seed}"] + \
-        ([f"memory.M={M}"] if M else [])
+        ([f"memory.M={M}"] if M else []) + ([f"costmodel.overheads={overheads}"] if overheads else [])
 
     def compute():
         out = bros_run(policy, ov, rt_only)
         out["policy_stats"] = {k: v for k, v in out.get("policy_stats", {}).items() if isinstance(v, (int, float))}
         return out
-    return memo(("bros", s.bros_rt, policy, rate, M, rt_only, seed), compute)
+    key = ("bros", s.bros_rt, policy, rate, M, rt_only, seed) + ((overheads,) if overheads else ())
+    return memo(key, compute)
 
 
 def _per_rate(s, key, seed=0):
@@ -82,6 +85,38 @@ def tpot_probe(s) -> str:
             f"to make room for a BE prefill under the time budget. ")
 
 
+EAGER = "vllm-0.5-eager"    # an eager-mode engine's per-sequence CPU cost (1.63 ms/sequence, OPT-13B anchor)
+TPOT_RATE = RATES[-1]      # the TPOT regime's RT rate (the headline's higher one)
+
+
+def eager(s, policy: str, seed: int = 0) -> dict:
+    """The TPOT regime: the paper's engine (an eager PyTorch/Ray prototype without CUDA graphs, so every sequence
+    in a batch adds CPU time: the EAGER preset) with the full-size KV cache it profiled, where batches are large
+    and RT token gaps pass 0.2 s. With GPU time only our gaps stay far under it and every system meets TPOT."""
+    return br(s, policy, TPOT_RATE, M=0, seed=seed, overheads=EAGER)
+
+
+def eager_table(s, key: str) -> dict:
+    """policy → [value per seed] in the TPOT regime."""
+    return {p: [eager(s, p, k)[key] for k in SEEDS] for p in ("vllm", "bros-rr", "bros")}
+
+
+def eager_note(s) -> str:
+    """The TPOT regime's other figures (means over the seeds) and BROS's counters there."""
+    def m(key, p, scale=100.0):
+        return scale * float(np.mean(eager_table(s, key)[p]))
+    tb = [eager(s, "bros", k)["policy_stats"] for k in SEEDS]
+    return (f"TPOT regime (overheads preset {EAGER}, full-size cache, RT {TPOT_RATE:g} req/s, mean of {len(SEEDS)} "
+            "seeds): per-request TPOT attainment " + ", ".join(f"{p} {m('rt_tpot_attainment', p):.0f}%" for p in
+                                                             ("vllm", "bros-rr", "bros")) +
+            "; TTFT attainment " + ", ".join(f"{p} {m('rt_ttft_attainment', p):.1f}%" for p in
+                                              ("vllm", "bros-rr", "bros")) +
+            " (paper: vLLM 1.28%, RR 10.55%); BE throughput " + ", ".join(
+                f"{p} {m('be_capacity_rps', p, 1.0):.2f}" for p in ("vllm", "bros-rr", "bros")) +
+            f" req/s; BROS time-bound iterations {np.mean([t.get('time_bound_iters', 0) for t in tb]):.0f}, "
+            f"replacements {np.mean([t.get('replacements', 0) for t in tb]):.1f} per run. ")
+
+
 def _header(s) -> str:
     d = {p: float(np.mean([np.mean(_per_rate(s, "rt_ttft_attainment", k)[p]) for k in SEEDS]))
          for p in ("vllm", "bros-rr", "bros")}
@@ -92,7 +127,11 @@ def _header(s) -> str:
             f"(no memory contention), so every claim runs with the KV cache at M = {REGIME_M} tokens, where the BE "
             f"backlog fills it: attainment vLLM {100 * d['vllm']:.1f}%, RR {100 * d['bros-rr']:.1f}%, BROS "
             f"{100 * d['bros']:.1f}% (mean over RT rates {', '.join(f'{r:g}' for r in RATES)} req/s and "
-            f"{len(SEEDS)} seeds). Rates are absolute, as the paper's. " + counters(s))
+            f"{len(SEEDS)} seeds). Rates are absolute, as the paper's. TPOT claims (BR-8, BR-11) need RT token gaps "
+            f"over 0.2 s, which our GPU-time-only iterations never reach (every system meets TPOT there); they run in "
+            f"the TPOT regime: the paper's engine is an eager PyTorch/Ray prototype, so each batched sequence adds CPU "
+            f"time (overheads preset {EAGER}), with the full-size cache it profiled, at RT {TPOT_RATE:g} req/s. " +
+            counters(s))
 
 
 register_setup("bros", [
@@ -102,6 +141,8 @@ register_setup("bros", [
     ("RT workload", "ShareGPT (and LMSYS) traces", "ShareGPT-like lengths, Poisson; LMSYS not modelled"),
     ("BE workload", "closed loop of batch jobs", "32 requests every 2 s, prompt U(512,1024), output U(32,128)"),
     ("SLOs", "TTFT 0.4 s, TPOT 0.2 s", "same"),
+    ("engine overheads", "eager PyTorch + Ray prototype (CPU time per iteration)",
+     f"GPU time only; TPOT claims add {EAGER}'s per-sequence CPU time on the full-size cache"),
     ("RR baseline", "alternates RT/BE iterations", "same, 256 sequences / 4096 tokens per iteration, recompute"),
     ("seeds", "one run", f"{len(SEEDS)} seeds, 95% CI"),
 ], _header)
@@ -215,11 +256,18 @@ register_claim("BR-7", "bros", "7.2 (Fig. 11a–c)", "TTFT SLO attainment (0.4 s
 @register_claim("BR-8", "bros", "7.2 (Fig. 11a–c)", "TPOT SLO attainment (0.2 s): 1.73x vs vLLM, 1.47x vs RR "
                 "(ShareGPT)")
 def br8(s):
-    out = _ratio_claim("rt_tpot_attainment", 1.73, 1.47, "per-request TPOT attainment")(s)
-    tok = _per_rate(s, "rt_token_attainment")
-    out.ours += "; per-token attainment (seed 0) " + "; ".join(
-        f"{p}: " + ", ".join(f"{100 * v:.1f}%" for v in tok[p]) for p in tok)
-    out.note = (tpot_probe(s) + counters(s) + (" " + out.note if out.note else "")).strip()
+    """Judged in the TPOT regime (eager()), per token (spec reading (a): the fine-grained attainment); the
+    GPU-time-only headline runs, where every system meets TPOT, are shown in the note."""
+    tok = eager_table(s, "rt_token_attainment")
+    r = {"vs vLLM": [b / max(v, 1e-3) for b, v in zip(tok["bros"], tok["vllm"])],
+         "vs RR": [b / max(v, 1e-3) for b, v in zip(tok["bros"], tok["bros-rr"])]}
+    out = ratio_outcome("1.73x vs vLLM, 1.47x vs RR", r, {"vs vLLM": 1.73, "vs RR": 1.47})
+    out.ours = ("per-token TPOT attainment in the TPOT regime: " + ", ".join(
+        f"{p} {100 * np.mean(v):.1f}%" for p, v in tok.items()) + "; BROS " + out.ours)
+    head = _per_rate(s, "rt_token_attainment")
+    out.note = (eager_note(s) + "Headline runs (GPU time only, M = " + f"{REGIME_M}, seed 0) per-token: " + "; ".join(
+        f"{p}: " + ", ".join(f"{100 * v:.1f}%" for v in head[p]) for p in head) + _rates() + ". " + tpot_probe(s) +
+        counters(s)).strip()
     return out
 
 
@@ -241,15 +289,17 @@ def br10(s):
 
 @register_claim("BR-11", "bros", "7.2 (Fig. 11)", "Average TPOT attainment: RR 47.34%, BROS 65.49% (ShareGPT)")
 def br11(s):
-    key = "rt_tpot_attainment"
-    m = {p: [float(np.mean(_per_rate(s, key, k)[p])) for k in SEEDS] for p in ("bros-rr", "bros")}
-    r, b = float(np.mean(m["bros-rr"])), float(np.mean(m["bros"]))
-    sat = untestable_reason({"RR": r, "BROS": b}, fraction=True)
-    e = seed_effect([y / max(x_, 1e-3) - 1 for x_, y in zip(m["bros-rr"], m["bros"])],
-                    saturated=sat if "saturated" in sat else "")
-    return Outcome("RR 47.34% < BROS 65.49%", f"RR {100 * r:.1f}%, BROS {100 * b:.1f}%{_rates()}; BROS/RR "
-                   f"{fmt_effect(e)}", e.verdict != "opposite", within(r, 0.4734) and within(b, 0.6549),
-                   note=tpot_probe(s) + counters(s), untestable=e.reason if e.verdict == "untestable" else "")
+    """Judged in the TPOT regime (eager()), per token, as BR-8."""
+    tok = eager_table(s, "rt_token_attainment")
+    r, b = float(np.mean(tok["bros-rr"])), float(np.mean(tok["bros"]))
+    e = seed_effect([y / max(x_, 1e-3) - 1 for x_, y in zip(tok["bros-rr"], tok["bros"])])
+    head = {p: float(np.mean([np.mean(_per_rate(s, "rt_token_attainment", k)[p]) for k in SEEDS]))
+            for p in ("bros-rr", "bros")}
+    return Outcome("RR 47.34% < BROS 65.49%", f"TPOT regime, per token: RR {100 * r:.1f}%, BROS {100 * b:.1f}%; "
+                   f"BROS/RR {fmt_effect(e)}", e.verdict != "opposite", within(r, 0.4734) and within(b, 0.6549),
+                   note=eager_note(s) + f"Headline runs (GPU time only, M = {REGIME_M}, mean of {len(SEEDS)} seeds) per "
+                        f"token: RR {100 * head['bros-rr']:.1f}%, BROS {100 * head['bros']:.1f}%{_rates()}. " +
+                        counters(s), untestable=e.reason if e.verdict == "untestable" else "")
 
 
 @register_claim("BR-12", "bros", "7.2", "vLLM's RT TPOT suffers because later RT requests must release memory and "
