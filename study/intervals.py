@@ -104,12 +104,15 @@ def over_seeds(table, group_by: list, metrics: list):
     exact when every request has a target) and the seeds a ±0.01 attainment interval would need."""
     import pandas as pd
     ok = table[table["status"] == "ok"] if "status" in table else table
+    # seeds whose rows came out identical (a trace replay behind a deterministic router) are one draw, not several
+    shown = [m for m in metrics if m in ok]
+    ok = ok.drop_duplicates(subset=[c for c in group_by + shown + ["requests"] if c in ok])
     rows = []
     groups = ok.groupby(group_by, sort=False, dropna=False) if group_by else [((), ok)]
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         row = dict(zip(group_by, key))
-        row["seeds"] = int(g["seed"].nunique())
+        row["seeds"] = int(g["seed"].nunique())           # distinct runs (identical seeds folded)
         for m in metrics:
             if m not in g:
                 continue

@@ -164,6 +164,18 @@ def target_shares(scn, req: pd.DataFrame) -> dict:
     return out
 
 
+def distinct_counts(records) -> list:
+    """(met, n) per seed, seeds whose runs came out identical counted once: a trace replayed behind a deterministic
+    router runs the same requests the same way whatever the seed, and a copy is not a second draw."""
+    seen, out = set(), []
+    for r in records:
+        key = (r["met"], r["n"], r.get("ttft_p99"), r.get("tpot_mean"), r.get("usd_per_million_tokens"))
+        if key not in seen:
+            seen.add(key)
+            out.append((r["met"], r["n"]))
+    return out
+
+
 class SizeSearch:
     """The replica-count search of one configuration; `run(tasks)` evaluates [(cfg, layout, seed)]."""
 
@@ -180,8 +192,7 @@ class SizeSearch:
             self.rows.append(rec)
 
     def interval(self, layout) -> Interval:
-        return attainment_interval([(self.cache[(layout, s)]["met"], self.cache[(layout, s)]["n"])
-                                    for s in self.p.seeds])
+        return attainment_interval(distinct_counts([self.cache[(layout, s)] for s in self.p.seeds]))
 
     def meets(self, layout) -> bool:
         return self.interval(layout).lo >= self.p.target
@@ -375,7 +386,7 @@ def summarize_points(rows: list, target: float) -> pd.DataFrame:
     ev = pd.DataFrame(rows)
     out = []
     for (label, layout), g in ev.groupby(["config", "layout"], sort=False):
-        iv = attainment_interval(list(zip(g["met"], g["n"])))
+        iv = attainment_interval(distinct_counts(g.to_dict("records")))
         first = g.iloc[0]
         out.append({"config": label, "gpu": first["gpu"], "tp": int(first["tp"]), "mode": first["mode"],
                     "router": first["router"], "layout": layout, "gpus": int(first["gpus"]),
@@ -549,7 +560,11 @@ def cmd_plan(args) -> int:
               f"${best['usd_per_hour']:.2f}/h: {args.metric} {best['attainment']:.3f} "
               f"[{best['attainment_lo']:.3f}, {best['attainment_hi']:.3f}] >= {args.slo_attainment} at "
               f"{args.rate:g} req/s (95% interval, {len(seeds)} seed(s); {ans['evaluations']} runs)")
-        print(f"plan: seeds for a +-0.01 interval at this size: {ans['seeds_for_0.01']}")
+        if ans["distinct_seeds"] < len(seeds):
+            print("plan: every seed gave the same runs (a trace replayed behind a deterministic router): the interval "
+                  "is over requests only, and more seeds add nothing")
+        else:
+            print(f"plan: seeds for a +-0.01 interval at this size: {ans['seeds_for_0.01']}")
     else:
         print(f"servesim: plan: {ans['note']}", file=sys.stderr)
     if args.out:
@@ -575,7 +590,7 @@ def answer(points: pd.DataFrame, best, args, seeds, result) -> dict:
         out.update(status="ok", config=best["config"], gpu=best["gpu"], tp=int(best["tp"]), mode=best["mode"],
                    router=best["router"], layout=best["layout"], gpus=int(best["gpus"]),
                    usd_per_hour=float(best["usd_per_hour"]), attainment=iv.mean, attainment_lo=iv.lo,
-                   attainment_hi=iv.hi, **{"seeds_for_0.01": seeds_needed(iv, 0.01)})
+                   attainment_hi=iv.hi, distinct_seeds=iv.n, **{"seeds_for_0.01": seeds_needed(iv, 0.01)})
         if ":" in best["layout"]:
             p, d = best["layout"].split(":")
             out.update(prefill=int(p), decode=int(d))

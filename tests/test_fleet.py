@@ -228,3 +228,13 @@ def test_sweep_over_seeds_is_the_seed_rows_mean_and_interval(tmp_path, capsys):
         assert r["slo_attainment_lo"] <= r["slo_attainment"] <= r["slo_attainment_hi"]
     assert "over seeds (mean [95% interval]" in capsys.readouterr().out
     assert main(["sweep", str(p), "--grid", "seed=0,1", "--seeds", "0,1", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_identical_seeds_count_once():
+    from study.plan import distinct_counts
+    a = {"met": 90, "n": 100, "ttft_p99": 1.5, "tpot_mean": 0.03, "usd_per_million_tokens": 0.2}
+    b = dict(a, met=85, ttft_p99=1.7)
+    assert distinct_counts([a, dict(a)]) == [(90, 100)]                 # a trace replay: the same run twice
+    assert distinct_counts([a, b]) == [(90, 100), (85, 100)]
+    # a duplicated seed would narrow the interval as if twice the requests had been seen
+    assert attainment_interval(distinct_counts([a, dict(a)])) == attainment_interval([(90, 100)])
