@@ -15,6 +15,7 @@ PACKAGES = ("sim", "policies", "costmodels", "traces", "solver", "profiles", "st
 ROOMS = [
     ("base", 0, ("costmodels.errors", "sim.errors", "sim.paths")),
     ("cli", 10, ("sim.cli", "costmodels.cli", "solver.cli")),
+    ("options", 2, ("sim.options",)),                 # option-value checks: any command may use them
     ("sim-package", 10, ("sim",)),                     # sim/__init__.py: lazy re-exports of the public face
     ("costmodels", 1, ("costmodels",)),
     ("policies", 2, ("policies",)),

@@ -133,4 +133,4 @@ def test_evicting_packing_pays_where_the_section45_optimum_evicts(cm):
     value = tr.objective(inst, "makespan") * 1e3
     assert tr.evictions > 0
     without = evaluate(inst, eviction_free).objective(inst, "makespan") * 1e3
-    assert search(inst).value_ms * (1 - 1e-9) <= value < 0.8 * without
+    assert search(inst, time_limit_s=math.inf).value_ms * (1 - 1e-9) <= value < 0.8 * without
