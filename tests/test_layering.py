@@ -20,7 +20,6 @@ ROOMS = [
     ("costmodels", 1, ("costmodels",)),
     ("policies", 2, ("policies",)),
     ("profiles", 2, ("profiles",)),
-    ("options", 2, ("sim.options",)),                  # CLI option values checked (used by the CLIs and study)
     ("traces", 3, ("traces",)),
     ("kv", 4, ("sim.kv",)),
     ("metrics", 4, ("sim.metrics",)),
