@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels.errors import UserError
+from sim.cluster.book import REQUESTS, TOKENS, LedgerBook
 from sim.cluster.clock import ReplicaClock
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
-from sim.cluster.routers import build_router, checked_pick
+from sim.cluster.routers import LeastRequests, LeastTokens, build_router, checked_pick
 from sim.engine.loop import WAIT, Until
 from sim.errors import SimulationStuck
 from sim.engine.request import INFEASIBLE, Request
@@ -352,6 +353,10 @@ class Cluster:
         self.read_time = -math.inf      # when the router decides: ledgers count what left before it
         # Routers that read replica state beyond the ledgers see it exactly as of their decision only if the fast
         # paths stop before it (ArrivalClock.commit_limit); ledger-only routers let replicas run ahead.
+        # least_tokens / least_requests in front of a serve pool: the least-loaded replica from a heap, the scan's
+        # answer (sim/cluster/book.py); an extension subclassing them keeps its own pick
+        key = {LeastTokens: TOKENS, LeastRequests: REQUESTS}.get(type(self.router))
+        self.book = LedgerBook([h.ledger for h in self.front], key) if key and not self.pd else None
         self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state)
         self.runs_ahead = not (self.cut_at_decisions or self.pd)
         self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
@@ -543,7 +548,8 @@ class Cluster:
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
             self.idx += 1
-            h = self.front[checked_pick(self.router, r, self.front, t, 'cluster.router')]
+            h = self.front[self.book.least(t) if self.book is not None else
+                           checked_pick(self.router, r, self.front, t, 'cluster.router')]
             if self.pd:
                 clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
                                 predicted_output_tokens=1, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s)
