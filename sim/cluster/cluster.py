@@ -28,9 +28,12 @@ from sim.cluster.book import REQUESTS, TOKENS, LedgerBook
 from sim.cluster.clock import ReplicaClock
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
+from sim.cluster.stream import RequestStream
 from sim.cluster.routers import LeastRequests, LeastTokens, build_router, checked_pick
 from sim.engine.loop import WAIT, Until
 from sim.errors import SimulationStuck
+from sim.engine.cohort import FLUSH
+from sim.metrics.rowstore import RequestRows
 from sim.engine.request import INFEASIBLE, Request
 from sim.scenario.build import build_simulation, requests_from_table, scenario_model
 from sim.scenario.config import Scenario, scenario_from_dict
@@ -330,9 +333,7 @@ class Cluster:
         self.scn = scn
         self.spec = parse_cluster(scn.cluster)
         rng = np.random.default_rng(scn.seed)
-        if requests is None:
-            requests = requests_from_table(build_workload(scn.workload, rng))
-        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        table = build_workload(scn.workload, rng) if requests is None else None
         self.replicas: list = []
         self.groups: list = []
         for pool, count, overrides in self.spec.groups:
@@ -340,6 +341,19 @@ class Cluster:
             self.groups.append(group)
             for _ in range(count):
                 self.replicas.append(ReplicaHandle(len(self.replicas), pool, group.scn, group, self))
+        # A serve pool whose replicas keep no per-request history (token times, prefix bindings) streams: requests
+        # are made as the router reaches them and finished ones leave as table rows (sim/cluster/stream.py,
+        # sim/metrics/rowstore.py), so memory follows the requests in flight, not the run's length.
+        self.stream = (table is not None and not self.spec.disaggregated and RequestStream.fits(table)
+                       and not any(g._proto.keep_token_times or hasattr(g._proto.memory, "bind_requests")
+                                   for g in self.groups))
+        if self.stream:
+            self.requests = RequestStream(table)
+        else:
+            if requests is None:
+                requests = requests_from_table(table)
+            self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        del table
         self.pd = self.spec.disaggregated
         self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
         self.decode = [h for h in self.replicas if h.pool == DECODE]
@@ -383,6 +397,8 @@ class Cluster:
             sim.exact_fast_paths = False
         if h.pool == PREFILL:
             sim.hold_kv = True
+        if self.stream:                              # completions wait for their rows in batches: ~1M in all
+            sim.retire_rows(RequestRows(), max(256, min(FLUSH, (1 << 20) // len(self.replicas))))
         h._sim = sim
         h.clock = ReplicaClock(self, h, sim.requests, sim.view.waiting, sim.view)
 

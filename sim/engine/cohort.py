@@ -30,6 +30,8 @@ class DecodeCohort:
         self.memory = memory
         self.keep_token_times = keep_token_times
         self.pending = []                   # (completed request, its token times since joining) to finalize
+        self.on_final = None                # called with the requests a flush finalized (their rows are final)
+        self.flush_at = FLUSH               # pending completions that trigger a flush
         self.block_size = memory.block_size
         self.n = 0                          # members
         self.cached = 0                     # Σ true cached over members
@@ -112,7 +114,7 @@ class DecodeCohort:
         at the next flush (many at once are cheaper), from its token times since joining."""
         self._stop_blocks(r, self.steps)
         self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
-        if len(self.pending) >= FLUSH:
+        if len(self.pending) >= self.flush_at:
             self.flush()
         self._remove(r)
 
@@ -134,6 +136,8 @@ class DecodeCohort:
     def flush(self) -> None:
         """Reduce the completed members' token times to their TBT statistics (finalize_request's floats)."""
         finalize_many(self.pending, self.keep_token_times)
+        if self.on_final is not None:
+            self.on_final([r for r, _ in self.pending])
         self.pending.clear()
 
     def materialize(self) -> None:

@@ -95,6 +95,8 @@ class Simulation:
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
         self.on_complete = None                 # cluster: called with each request as it completes
         self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
+        self.rows = None                        # RequestRows: finished requests retired to columns (a cluster)
+        self.flush_at = 0                       # ... and the decode cohort's flush size there (0: its default)
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
 
@@ -119,11 +121,34 @@ class Simulation:
 
     def add_request(self, r, full_length: int = 0) -> bool:
         """A cluster's router sends `r` here (in arrival order); False if it can never run on this replica."""
-        self.all_requests.append(r)
+        if self.rows is None:
+            self.all_requests.append(r)
         if not self._feasible(r, full_length):
             return False
+        r.seq = len(self.requests)
         self.requests.append(r)
         return True
+
+    def retire_rows(self, rows, flush_at: int = 0) -> None:
+        """From now on finished requests leave as rows in `rows` (sim/metrics/rowstore.py): a request's slot in
+        `requests` is emptied once its row is final, and the tables join the rows with the requests still here.
+        Set before any request is added (add_request then keeps no list of every request). `flush_at`: at most
+        this many completed decode-cohort members wait for their TBT statistics (and their rows) at once."""
+        if self.all_requests:
+            raise RuntimeError("retire_rows: set it before requests arrive")
+        self.rows = rows
+        self.flush_at = flush_at
+
+    def retire(self, reqs) -> None:
+        """These finished requests' rows are final: keep them as columns, drop the objects."""
+        rows, slots = self.rows, self.requests
+        for r in reqs:
+            rows.append(r)
+            slots[r.seq] = None
+
+    def live_requests(self) -> list:
+        """What all_requests holds when rows are retired: the refused, and those not finished (a cut-short run)."""
+        return self.infeasible + [r for r in self.requests if r is not None and r.state != INFEASIBLE]
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -551,6 +576,8 @@ class Simulation:
             finalize_request(r, self.keep_token_times)
         if self.on_complete is not None:
             self.on_complete(r)
+        if finalize and self.rows is not None:
+            self.retire((r,))
 
     def _record(self, start, dt, n, prefill, decode):
         v, mem = self.view, self.memory
@@ -613,12 +640,18 @@ class Simulation:
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
+            if self.rows is not None:
+                self.cohort.on_final = self.retire
+                if self.flush_at:
+                    self.cohort.flush_at = self.flush_at
             self.view.loose[:] = self.view.running
 
     def result(self) -> SimResult:
         if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
             self.cohort.flush()
             self.cohort.materialize()
+        if self.rows is not None:
+            self.all_requests = self.live_requests()
         return SimResult.from_simulation(self)
 
     def run(self):

@@ -11,7 +11,7 @@ class Request:
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
                  "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
-                 "cohort", "prefix", "chain", "hit", "hit_tokens")
+                 "cohort", "prefix", "chain", "hit", "hit_tokens", "seq")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
                  slo_ttft_s=None, slo_tbt_s=None, prefix=None):
@@ -47,6 +47,7 @@ class Request:
         self.chain = None                           # its KV block identities, built on demand (sim/kv/prefix_cache.py)
         self.hit = None                             # a prefix-cache lookup not yet taken by admission
         self.hit_tokens = -1                        # prompt tokens found cached at its first admission (-1: none)
+        self.seq = -1                               # its place in a replica's request list (rows retired by it)
 
     @property
     def on_gpu(self) -> bool:
