@@ -1,6 +1,7 @@
 """The replica loop, schedule → cost → clock → commit: under SimPy (plain), or SimPy-free on the exact fast paths."""
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 from contextlib import contextmanager
@@ -87,6 +88,7 @@ class Simulation:
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
+        self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
@@ -405,6 +407,48 @@ class Simulation:
             k = used_sum = 0
             used_max = tally.kv_alloc_max if tally is not None else 0
             done = ()
+            walk = self._lookahead
+            if walk is not None and walk[0] == (t, s, n, cached, free) and t < arrival:
+                # The steps the lookahead walked from this very state: applied at once, as many as start before
+                # `arrival`, end before `limit` and fit in `stop` (the same values the loop below would compute)
+                w_ends, w_dts, w_frees, w_events, usable = walk[2]
+                k = min(usable, 1 + bisect.bisect_left(w_ends, arrival), bisect.bisect_left(w_ends, limit),
+                        stop - it if stop < math.inf else usable)
+                if k > 0:
+                    self._lookahead = None
+                    last = s + k
+                    for step, res, first in w_events:
+                        if step > last:
+                            break
+                        del first_block[step]
+                        taking[res] += first
+                    if s + k > cap:
+                        while cap < s + k:
+                            ends = cohort.ends = np.concatenate((ends, np.empty(cap)))
+                            cap = len(ends)
+                    ends[s:s + k] = w_ends[:k]
+                    free = w_frees[k - 1]
+                    t = w_ends[k - 1]
+                    start = w_ends[k - 2] if k > 1 else walk[0][0]
+                    if record:
+                        starts = [walk[0][0]] + w_ends[:k - 1]
+                        kv = kv_cached - offloaded
+                        for j in range(k):
+                            kv += n
+                            rows.append((starts[j], w_dts[j], n, 0, n, n_running, queue_len,
+                                         (total_blocks - w_frees[j]) * bs if plain_used else _used(mem, w_frees[j]),
+                                         kv, 0, 0, 0))
+                    else:
+                        for f in w_frees[:k]:
+                            used = (total_blocks - f) * bs if plain_used else _used(mem, f)
+                            used_sum += used
+                            if used > used_max:
+                                used_max = used
+                    it += k
+                    s = last
+                    self.walked_iterations += k
+                    cached += n * k
+                    kv_cached += n * k
             while t < arrival and it < stop:
                 kv = cached + n
                 dt = (base + (a_d * kv + sdn + b_d)) + cpu if inline else step_time(n, kv)
@@ -487,7 +531,8 @@ class Simulation:
         key = (t, cohort.steps, n, context, self.memory.free_blocks)
         if self._lookahead is not None and self._lookahead[0] == key:
             return self._lookahead[1]           # woken where it slept: the same answer, not computed again
-        # cohort.steps_ahead's walk and the step times summed in one pass (the same steps, the same floats)
+        # cohort.steps_ahead's walk and the step times summed in one pass (the same steps, the same floats); the
+        # walk is kept: when the replica wakes in the same state, _cohort_steps applies its steps at once
         done = min(cohort.done_at) if cohort.done_at else None
         taking, first_block, bs = list(cohort.taking), cohort.first_block, cohort.block_size
         free = self.memory.free_blocks
@@ -497,6 +542,8 @@ class Simulation:
         if inline:
             base, sdn, b_d, cpu, a_d = step_time.at(n)
         wake = t
+        ends, dts, frees, events = [], [], [], []
+        completes = False
         for _ in range(int(min(max_steps, stop - self.view.iteration))):
             s += 1
             res = s % bs
@@ -504,13 +551,22 @@ class Simulation:
             due = taking[res] + first
             if due > free:
                 break
-            taking[res] += first
+            if first:
+                taking[res] += first
+                events.append((s, res, first))
             free -= due
             context += n
-            wake = wake + ((base + (a_d * context + sdn + b_d)) + cpu if inline else step_time(n, context))
+            dt = (base + (a_d * context + sdn + b_d)) + cpu if inline else step_time(n, context)
+            wake = wake + dt
+            ends.append(wake)
+            dts.append(dt)
+            frees.append(free)
             if s == done:
+                completes = True
                 break
-        self._lookahead = (key, wake)
+        # steps that may be applied at once: not one where members complete (those leave one by one)
+        walk = (ends, dts, frees, events, len(ends) - completes)
+        self._lookahead = (key, wake, walk)
         return wake
 
     def _patch_last_waiting(self) -> None:
