@@ -65,6 +65,10 @@ class ClusterSpec:
         return any(pool != SERVE for pool, _, _ in self.groups)
 
 
+# Completed requests a streaming replica finalizes together (sim/engine/cohort.py's FLUSH at most): about 1M over
+# the whole cluster, at least MIN_FLUSH each (smaller batches finalize one by one, slower)
+MIN_FLUSH = 256
+
 # An idle replica costs about 2 KB (a handle, a ledger; its simulation is built when first needed): more replicas
 # than this many bytes each of the machine's memory can never run here.
 BYTES_PER_IDLE_REPLICA = 4096
@@ -398,7 +402,7 @@ class Cluster:
         if h.pool == PREFILL:
             sim.hold_kv = True
         if self.stream:                              # completions wait for their rows in batches: ~1M in all
-            sim.retire_rows(RequestRows(), max(256, min(FLUSH, (1 << 20) // len(self.replicas))))
+            sim.retire_rows(RequestRows(), max(MIN_FLUSH, min(FLUSH, (1 << 20) // len(self.replicas))))
         h._sim = sim
         h.clock = ReplicaClock(self, h, sim.requests, sim.view.waiting, sim.view)
 

@@ -113,9 +113,9 @@ class DecodeCohort:
         """Take out a member that completed in the latest step with its true state; its TBT statistics follow
         at the next flush (many at once are cheaper), from its token times since joining."""
         self._stop_blocks(r, self.steps)
-        self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
         if len(self.pending) >= self.flush_at:
-            self.flush()
+            self.flush()        # (before r joins: the engine finishes r, its completion time and state, after this)
+        self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
         self._remove(r)
 
     def drop(self, r) -> None:
