@@ -18,7 +18,7 @@ from sim.scenario.build import requests_from_table
 from sim.scenario.config import scenario_from_dict
 from traces import build_workload
 
-WORKLOAD = {"kind": "poisson", "num_requests": 900, "rate": 40, "prompt": {"dist": "lognormal", "mu": 5.5,
+WORKLOAD = {"kind": "poisson", "num_requests": 600, "rate": 40, "prompt": {"dist": "lognormal", "mu": 5.5,
             "sigma": 1.0, "min": 2, "max": 3000}, "output": {"dist": "lognormal", "mu": 4.0, "sigma": 0.9,
                                                                "min": 1, "max": 600}}
 
