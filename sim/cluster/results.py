@@ -52,6 +52,7 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
     else:
         parts = [res.requests.assign(replica=h.index) for h, res in zip(replicas, results) if h.built]
         req = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        del parts                                  # (one copy of a fleet's request rows at a time)
         req = req.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
     it_parts = [res.iterations.assign(replica=h.index, pool=h.pool) for h, res in zip(replicas, results)
                 if h.built and len(res.iterations)]
