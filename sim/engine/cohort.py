@@ -66,26 +66,6 @@ class DecodeCohort:
         self.tokens += self.n
         return self.cached + self.n
 
-    def steps_ahead(self, max_steps: int):
-        """How many steps the cohort, left alone, would take by take()'s block rule before it is short of KV (that
-        step excluded) or completes a member (that step included), at most max_steps; and whether it stopped at a
-        completion. Nothing is charged (a cluster replica computes when to wake)."""
-        done = min(self.done_at) if self.done_at else None
-        taking, first_block, bs = list(self.taking), self.first_block, self.block_size
-        free = self.memory.free_blocks
-        s = self.steps
-        for k in range(max_steps):
-            s += 1
-            first = first_block.get(s, 0)
-            due = taking[s % bs] + first
-            if due > free:
-                return k, False
-            taking[s % bs] += first
-            free -= due
-            if s == done:
-                return k + 1, True
-        return max_steps, False
-
     # -- the engine's side --------------------------------------------------------------------------------------
     def join(self, r) -> None:
         """Add a running decode that has just been committed; it takes part from the next step on."""

@@ -531,8 +531,9 @@ class Simulation:
         key = (t, cohort.steps, n, context, self.memory.free_blocks)
         if self._lookahead is not None and self._lookahead[0] == key:
             return self._lookahead[1]           # woken where it slept: the same answer, not computed again
-        # cohort.steps_ahead's walk and the step times summed in one pass (the same steps, the same floats); the
-        # walk is kept: when the replica wakes in the same state, _cohort_steps applies its steps at once
+        # take()'s block rule walked without charging anything, stopping before a step short of KV or after one
+        # that completes a member, and the step times summed as _cohort_steps would (the same floats); the walk
+        # is kept: when the replica wakes in the same state, _cohort_steps applies its steps at once
         done = min(cohort.done_at) if cohort.done_at else None
         taking, first_block, bs = list(cohort.taking), cohort.first_block, cohort.block_size
         free = self.memory.free_blocks
