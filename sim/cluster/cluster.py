@@ -65,8 +65,9 @@ class ClusterSpec:
         return any(pool != SERVE for pool, _, _ in self.groups)
 
 
-# Completed requests a streaming replica finalizes together (sim/engine/cohort.py's FLUSH at most): about 1M over
-# the whole cluster, at least MIN_FLUSH each (smaller batches finalize one by one, slower)
+# Completed requests a streaming replica finalizes together (sim/engine/cohort.py's FLUSH at most): about 260,000
+# over the whole cluster (each held as an object until then, ~1 KB), at least MIN_FLUSH each (smaller batches
+# finalize mostly one by one, slower)
 MIN_FLUSH = 256
 
 # An idle replica costs about 2 KB (a handle, a ledger; its simulation is built when first needed): more replicas
@@ -401,8 +402,8 @@ class Cluster:
             sim.exact_fast_paths = False
         if h.pool == PREFILL:
             sim.hold_kv = True
-        if self.stream:                              # completions wait for their rows in batches: ~1M in all
-            sim.retire_rows(RequestRows(), max(MIN_FLUSH, min(FLUSH, (1 << 20) // len(self.replicas))))
+        if self.stream:                              # completions wait for their rows in batches (MIN_FLUSH)
+            sim.retire_rows(RequestRows(), max(MIN_FLUSH, min(FLUSH, (1 << 18) // len(self.replicas))))
         h._sim = sim
         h.clock = ReplicaClock(self, h, sim.requests, sim.view.waiting, sim.view)
 
