@@ -9,7 +9,11 @@ Cases (each in its own process, so peak RSS and wall time are clean):
   idle     40 requests on 20,000 replicas behind least_requests (--idle-replicas): what idle replicas cost
 
   PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,idle,fleet_rr,fleet] [--requests 1000000]
-      [--replicas 100] [--idle-replicas 20000]
+      [--replicas 100] [--idle-replicas 20000] [--baseline DIR]
+
+--baseline DIR runs each case also from another checkout (DIR, e.g. `git archive <commit> | tar -x -C DIR`), just
+before this one, and reports the ratios: on a shared machine only a ratio measured in one command means much.
+Each record has the child's CPU seconds (user + system) beside its wall time.
 """
 from __future__ import annotations
 
@@ -88,6 +92,27 @@ def idle_case(replicas: int) -> dict:
             "replicas_used": int((res.tables["replicas"]["routed"] > 0).sum()), "completed": int(res.summary["completed"])}
 
 
+def _run_one(root: Path, case: str, args):
+    """One case in its own process from checkout `root`: its record plus process wall and CPU seconds."""
+    import os
+    cmd = [sys.executable, str(root / "benchmarks" / "cluster_bench.py"), "--one", case, "--requests",
+           str(args.requests), "--replicas", str(args.replicas), "--router", args.router, "--idle-replicas",
+           str(args.idle_replicas)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        print(proc.stderr[-2000:], file=sys.stderr)
+        return None
+    rec = json.loads(proc.stdout.strip().splitlines()[-1])
+    rec["process_s"] = round(wall, 1)
+    rec["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
+    rec["load_avg_1m"] = round(os.getloadavg()[0], 1)
+    return rec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="n1,idle,fleet_rr,fleet")
@@ -95,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--router", default="least_tokens")
     ap.add_argument("--idle-replicas", type=int, default=20000)
+    ap.add_argument("--baseline", help="another checkout to time the same cases from, in this command")
     ap.add_argument("--one", help=argparse.SUPPRESS)        # run one case in this process, print JSON
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cluster.json"))
     args = ap.parse_args(argv)
@@ -105,16 +131,19 @@ def main(argv=None) -> int:
         return 0
     results = {}
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
-        cmd = [sys.executable, __file__, "--one", case, "--requests", str(args.requests), "--replicas",
-               str(args.replicas), "--router", args.router, "--idle-replicas", str(args.idle_replicas)]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
-                                                                                 **__import__("os").environ})
-        if proc.returncode:
-            print(proc.stderr[-2000:], file=sys.stderr)
-            return proc.returncode
-        rec = json.loads(proc.stdout.strip().splitlines()[-1])
-        rec["process_s"] = round(time.perf_counter() - t0, 1)
+        rec = None
+        for root in ([Path(args.baseline).resolve()] if args.baseline else []) + [REPO]:
+            one = _run_one(root, case, args)
+            if one is None:
+                return 1
+            if root != REPO:
+                base = one
+                continue
+            rec = one
+            if args.baseline:
+                rec["baseline"] = base
+                rec["speedup_wall"] = round(base["process_s"] / rec["process_s"], 2)
+                rec["speedup_cpu"] = round(base["cpu_s"] / rec["cpu_s"], 2)
         results[case] = rec
         print(case, json.dumps(rec))
     write_json(args.out, results)

@@ -24,12 +24,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels.errors import UserError
+from sim.cluster.book import REQUESTS, TOKENS, LedgerBook
 from sim.cluster.clock import ReplicaClock
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
-from sim.cluster.routers import build_router, checked_pick
+from sim.cluster.stream import RequestStream
+from sim.cluster.routers import LeastRequests, LeastTokens, build_router, checked_pick
 from sim.engine.loop import WAIT, Until
 from sim.errors import SimulationStuck
+from sim.engine.cohort import FLUSH
+from sim.metrics.rowstore import RequestRows
 from sim.engine.request import INFEASIBLE, Request
 from sim.scenario.build import build_simulation, requests_from_table, scenario_model
 from sim.scenario.config import Scenario, scenario_from_dict
@@ -62,6 +66,11 @@ class ClusterSpec:
     def disaggregated(self) -> bool:
         return any(pool != SERVE for pool, _, _ in self.groups)
 
+
+# Completed requests a streaming replica finalizes together (sim/engine/cohort.py's FLUSH at most): about 260,000
+# over the whole cluster (each held as an object until then, ~1 KB), at least MIN_FLUSH each (smaller batches
+# finalize mostly one by one, slower)
+MIN_FLUSH = 256
 
 # An idle replica costs about 2 KB (a handle, a ledger; its simulation is built when first needed): more replicas
 # than this many bytes each of the machine's memory can never run here.
@@ -354,15 +363,14 @@ class Cluster:
         self.scn = scn
         self.spec = parse_cluster(scn.cluster)
         rng = np.random.default_rng(scn.seed)
-        if requests is None:
-            requests = requests_from_table(build_workload(scn.workload, rng))
+        table = build_workload(scn.workload, rng) if requests is None else None
         if scn.lora:
             raise UserError("lora: adapters are drawn per request on one replica; a cluster does not run them yet "
                             "(remove the lora section)")
-        if any(r.after is not None for r in requests):
+        if (bool((table["after"] >= 0).any()) if table is not None and "after" in table.columns
+                else requests is not None and any(r.after is not None for r in requests)):
             raise UserError("workload: closed-loop sessions (a turn sent after the previous one completes) run on one "
                             "replica; a cluster routes a fixed arrival list (set closed_loop: false)")
-        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         self.replicas: list = []
         self.groups: list = []
         for k, (pool, count, overrides) in enumerate(self.spec.groups):
@@ -374,6 +382,19 @@ class Cluster:
             self.groups.append(group)
             for _ in range(count):
                 self.replicas.append(ReplicaHandle(len(self.replicas), pool, group.scn, group, self))
+        # A serve pool whose replicas keep no per-request history (token times, prefix bindings) streams: requests
+        # are made as the router reaches them and finished ones leave as table rows (sim/cluster/stream.py,
+        # sim/metrics/rowstore.py), so memory follows the requests in flight, not the run's length.
+        self.stream = (table is not None and not self.spec.disaggregated and RequestStream.fits(table)
+                       and not any(g._proto.keep_token_times or hasattr(g._proto.memory, "bind_requests")
+                                   for g in self.groups))
+        if self.stream:
+            self.requests = RequestStream(table)
+        else:
+            if requests is None:
+                requests = requests_from_table(table)
+            self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        del table
         self.pd = self.spec.disaggregated
         self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
         self.decode = [h for h in self.replicas if h.pool == DECODE]
@@ -393,6 +414,12 @@ class Cluster:
             model = scenario_model(self.groups[0].scn)
             self.scaler = Autoscaler(self.spec.autoscale, self.front,
                                      model.weight_bytes() / self.groups[0].scn.hardware.tp)
+        # least_tokens / least_requests in front of a serve pool: the least-loaded replica from a heap, the scan's
+        # answer (sim/cluster/book.py); an extension subclassing them keeps its own pick; with autoscaling the
+        # routable set changes, so the scan runs over the replicas serving at that moment
+        key = {LeastTokens: TOKENS, LeastRequests: REQUESTS}.get(type(self.router))
+        self.book = (LedgerBook([h.ledger for h in self.front], key)
+                     if key and not self.pd and self.scaler is None else None)
         self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state) or \
             bool(self.scaler is not None and self.scaler.reads_state)
         self.runs_ahead = not (self.cut_at_decisions or self.pd)
@@ -420,6 +447,8 @@ class Cluster:
             sim.exact_fast_paths = False
         if h.pool == PREFILL:
             sim.hold_kv = True
+        if self.stream:                              # completions wait for their rows in batches (MIN_FLUSH)
+            sim.retire_rows(RequestRows(), max(MIN_FLUSH, min(FLUSH, (1 << 18) // len(self.replicas))))
         h._sim = sim
         h.clock = ReplicaClock(self, h, sim.requests, sim.view.waiting, sim.view)
 
@@ -586,7 +615,8 @@ class Cluster:
         while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
             r = reqs[self.idx]
             self.idx += 1
-            h = front[checked_pick(self.router, r, front, t, 'cluster.router')]
+            h = front[self.book.least(t) if self.book is not None else
+                      checked_pick(self.router, r, front, t, 'cluster.router')]
             if self.pd:
                 clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
                                 predicted_output_tokens=1, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s)

@@ -22,12 +22,14 @@ class RouterLedger:
     it left before t, which is what it would know if every replica had run exactly up to t. So a replica whose
     exact fast path has already applied a stretch past t (its state ahead of the router) reads the same as one
     run iteration by iteration; routers that read only the ledger let replicas run ahead (sim/cluster/routers.py)."""
-    __slots__ = ("routed", "routed_tokens", "completed", "completed_tokens", "open", "later")
+    __slots__ = ("routed", "routed_tokens", "completed", "completed_tokens", "open", "later", "book", "index")
 
     def __init__(self):
         self.routed = self.routed_tokens = self.completed = self.completed_tokens = 0
         self.open: dict = {}               # request id → tokens charged, while the request is on this replica
         self.later: list = []              # (time, tokens) of requests gone at a time not yet reached: a heap
+        self.book = None                   # the pool's LedgerBook (sim/cluster/book.py), which then keeps `later`
+        self.index = -1                    # ... and this ledger's place in it
 
     def send(self, rid, tokens: int) -> None:
         if rid in self.open:
@@ -35,6 +37,8 @@ class RouterLedger:
         self.open[rid] = tokens
         self.routed += 1
         self.routed_tokens += tokens
+        if self.book is not None:
+            self.book.changed(self)
 
     def finish(self, rid, t: float = -math.inf) -> None:
         """Request `rid` left at time t (default: at once, as a request refused on arrival)."""
@@ -44,11 +48,18 @@ class RouterLedger:
         if t == -math.inf:
             self.completed += 1
             self.completed_tokens += tokens
+            if self.book is not None:
+                self.book.changed(self)
+        elif self.book is not None:
+            self.book.departed(self, t, tokens)
         else:
             heapq.heappush(self.later, (t, tokens))
 
     def settle(self, now: float) -> None:
         """Count what left before `now`."""
+        if self.book is not None:
+            self.book.settle(now)
+            return
         later = self.later
         while later and later[0][0] < now:
             _, tokens = heapq.heappop(later)

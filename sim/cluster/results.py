@@ -50,8 +50,14 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
         req["kv_transfer_s"] = ex[:, 2]
         req["handoff_wait_s"] = ex[:, 3]
     else:
-        parts = [res.requests.assign(replica=h.index) for h, res in zip(replicas, results) if h.built]
+        parts, part = [], None
+        for h, res in zip(replicas, results):
+            if h.built:                            # the cluster table keeps the rows: one copy at a time, not three
+                part, res.requests = res.requests, None
+                part["replica"] = h.index
+                parts.append(part)
         req = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        parts = part = None
         req = req.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
     it_parts = [res.iterations.assign(replica=h.index, pool=h.pool) for h, res in zip(replicas, results)
                 if h.built and len(res.iterations)]

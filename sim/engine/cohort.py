@@ -30,6 +30,8 @@ class DecodeCohort:
         self.memory = memory
         self.keep_token_times = keep_token_times
         self.pending = []                   # (completed request, its token times since joining) to finalize
+        self.on_final = None                # called with the requests a flush finalized (their rows are final)
+        self.flush_at = FLUSH               # pending completions that trigger a flush
         self.block_size = memory.block_size
         self.n = 0                          # members
         self.cached = 0                     # Σ true cached over members
@@ -64,26 +66,6 @@ class DecodeCohort:
         self.tokens += self.n
         return self.cached + self.n
 
-    def steps_ahead(self, max_steps: int):
-        """How many steps the cohort, left alone, would take by take()'s block rule before it is short of KV (that
-        step excluded) or completes a member (that step included), at most max_steps; and whether it stopped at a
-        completion. Nothing is charged (a cluster replica computes when to wake)."""
-        done = min(self.done_at) if self.done_at else None
-        taking, first_block, bs = list(self.taking), self.first_block, self.block_size
-        free = self.memory.free_blocks
-        s = self.steps
-        for k in range(max_steps):
-            s += 1
-            first = first_block.get(s, 0)
-            due = taking[s % bs] + first
-            if due > free:
-                return k, False
-            taking[s % bs] += first
-            free -= due
-            if s == done:
-                return k + 1, True
-        return max_steps, False
-
     # -- the engine's side --------------------------------------------------------------------------------------
     def join(self, r) -> None:
         """Add a running decode that has just been committed; it takes part from the next step on."""
@@ -111,9 +93,9 @@ class DecodeCohort:
         """Take out a member that completed in the latest step with its true state; its TBT statistics follow
         at the next flush (many at once are cheaper), from its token times since joining."""
         self._stop_blocks(r, self.steps)
+        if len(self.pending) >= self.flush_at:
+            self.flush()        # (before r joins: the engine finishes r, its completion time and state, after this)
         self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
-        if len(self.pending) >= FLUSH:
-            self.flush()
         self._remove(r)
 
     def drop(self, r) -> None:
@@ -134,6 +116,8 @@ class DecodeCohort:
     def flush(self) -> None:
         """Reduce the completed members' token times to their TBT statistics (finalize_request's floats)."""
         finalize_many(self.pending, self.keep_token_times)
+        if self.on_final is not None:
+            self.on_final([r for r, _ in self.pending])
         self.pending.clear()
 
     def materialize(self) -> None:

@@ -154,6 +154,8 @@ class FastForward:
             finalize_request(r, keep)
             if sim.on_complete is not None:
                 sim.on_complete(r)
+            if sim.rows is not None:
+                sim.retire((r,))
         finished = bool(done)
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]

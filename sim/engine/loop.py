@@ -1,6 +1,7 @@
 """The replica loop, schedule → cost → clock → commit: under SimPy (plain), or SimPy-free on the exact fast paths."""
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 from contextlib import contextmanager
@@ -19,9 +20,16 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
+from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
 WAIT = None          # what a cluster replica yields when it has nothing to do until the router sends a request
+
+
+def _used(mem, free_blocks: int) -> int:
+    """A memory manager's used_tokens with its free block count at `free_blocks` (one that redefines it)."""
+    mem.free_blocks = free_blocks
+    return mem.used_tokens
 
 
 class Until(float):
@@ -102,13 +110,17 @@ class Simulation:
         self._idle = None
         self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
+        self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
+        self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
         self.on_complete = None                 # cluster: called with each request as it completes
         self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
+        self.rows = None                        # RequestRows: finished requests retired to columns (a cluster)
+        self.flush_at = 0                       # ... and the decode cohort's flush size there (0: its default)
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
 
@@ -133,11 +145,34 @@ class Simulation:
 
     def add_request(self, r, full_length: int = 0) -> bool:
         """A cluster's router sends `r` here (in arrival order); False if it can never run on this replica."""
-        self.all_requests.append(r)
+        if self.rows is None:
+            self.all_requests.append(r)
         if not self._feasible(r, full_length):
             return False
+        r.seq = len(self.requests)
         self.requests.append(r)
         return True
+
+    def retire_rows(self, rows, flush_at: int = 0) -> None:
+        """From now on finished requests leave as rows in `rows` (sim/metrics/rowstore.py): a request's slot in
+        `requests` is emptied once its row is final, and the tables join the rows with the requests still here.
+        Set before any request is added (add_request then keeps no list of every request). `flush_at`: at most
+        this many completed decode-cohort members wait for their TBT statistics (and their rows) at once."""
+        if self.all_requests:
+            raise RuntimeError("retire_rows: set it before requests arrive")
+        self.rows = rows
+        self.flush_at = flush_at
+
+    def retire(self, reqs) -> None:
+        """These finished requests' rows are final: keep them as columns, drop the objects."""
+        rows, slots = self.rows, self.requests
+        for r in reqs:
+            rows.append(r)
+            slots[r.seq] = None
+
+    def live_requests(self) -> list:
+        """What all_requests holds when rows are retired: the refused, and those not finished (a cut-short run)."""
+        return self.infeasible + [r for r in self.requests if r is not None and r.state != INFEASIBLE]
 
     # -- processes --------------------------------------------------------------------------------------------
     def _arrivals(self, env):
@@ -406,27 +441,8 @@ class Simulation:
                                                       # cluster, a bound: no event for this replica before it)
             limit = clock.commit_limit                # a cluster: steps must end before the router next reads
             stop = self.max_iterations or math.inf
-            start = t0 = t
-            finished = False
-            while cohort.n and t < arrival and view.iteration < stop:
-                n = cohort.n
-                dt = cm.time_from_sums(n, 0, 0, 0, 0, n, cohort.cached + n)   # Σ(m + 1), what take() reads
-                if not t + dt < limit:
-                    break                              # the plain loop takes this step, after the router
-                if cohort.take(view.iteration + 1) is None:   # KV short: the plain loop evicts
-                    break
-                view.iteration += 1
-                start, t = t, t + dt                   # the float add SimPy's timeout would do
-                view.kv_cached_tokens += n
-                mem.clock = t
-                finished |= self._commit_cohort_step(t)
-                if self.record_iterations:
-                    self._record(start, dt, n, 0, n)
-                else:
-                    self.tally.add(n, len(view.running), mem.used_tokens)
-                self.fast_forward_iterations += 1
-                if finished and queued:
-                    break
+            t0 = t
+            t, start, finished = self._cohort_steps(t, arrival, limit, stop, queued)
             if t == t0:
                 return t
             arrived_before = self.arrived
@@ -439,6 +455,156 @@ class Simulation:
             arrived_at_schedule = self.arrived
         return t
 
+    def _cohort_steps(self, t: float, arrival: float, limit: float, stop, queued: bool):
+        """_skip_cohort's steps: while the cohort has members, each step starting before `arrival`, ending before
+        `limit` and within `stop` iterations, one decode token for every member, until KV is short or (with
+        requests queued) a member completes. Returns (clock, start of the last step, whether any completed).
+
+        What DecodeCohort.take and .commit, the step's record (or tally) and the engine's counters do per step is
+        done here with the state in locals and written back once per run of steps between completions: the
+        same integers and floats, in the same order, as a step at a time (a member completes about every 20
+        steps on a busy replica, and these steps are most of a cluster's time)."""
+        view, cohort, mem = self.view, self.cohort, self.memory
+        step_time = self._step_time
+        inline = step_time.inline
+        record = self.record_iterations
+        tally = self.tally
+        rows = self.iter_rows
+        bs = cohort.block_size
+        first_block, done_at = cohort.first_block, cohort.done_at
+        total_blocks = mem.total_blocks
+        plain_used = type(mem).used_tokens is KVCacheManager.used_tokens
+        start = t
+        finished = False
+        it = view.iteration
+        while cohort.n and t < arrival and it < stop:
+            n, cached, s, free = cohort.n, cohort.cached, cohort.steps, mem.free_blocks
+            n_running = len(view.running)
+            queue_len = len(view.waiting) + len(view.swapped)
+            kv_cached = view.kv_cached_tokens
+            offloaded = mem.offloaded_tokens if record else 0
+            ends, taking = cohort.ends, cohort.taking      # (both replaced when the cohort empties)
+            cap = len(ends)
+            if inline:
+                base, sdn, b_d, cpu, a_d = step_time.at(n)
+            k = used_sum = 0
+            used_max = tally.kv_alloc_max if tally is not None else 0
+            done = ()
+            walk = self._lookahead
+            if walk is not None and walk[0] == (t, s, n, cached, free) and t < arrival:
+                # The steps the lookahead walked from this very state: applied at once, as many as start before
+                # `arrival`, end before `limit` and fit in `stop` (the same values the loop below would compute)
+                w_ends, w_dts, w_frees, w_events, usable = walk[2]
+                k = min(usable, 1 + bisect.bisect_left(w_ends, arrival), bisect.bisect_left(w_ends, limit),
+                        stop - it if stop < math.inf else usable)
+                if k > 0:
+                    self._lookahead = None
+                    last = s + k
+                    for step, res, first in w_events:
+                        if step > last:
+                            break
+                        del first_block[step]
+                        taking[res] += first
+                    if s + k > cap:
+                        while cap < s + k:
+                            ends = cohort.ends = np.concatenate((ends, np.empty(cap)))
+                            cap = len(ends)
+                    ends[s:s + k] = w_ends[:k]
+                    free = w_frees[k - 1]
+                    t = w_ends[k - 1]
+                    start = w_ends[k - 2] if k > 1 else walk[0][0]
+                    if record:
+                        starts = [walk[0][0]] + w_ends[:k - 1]
+                        kv = kv_cached - offloaded
+                        for j in range(k):
+                            kv += n
+                            rows.append((starts[j], w_dts[j], n, 0, n, n_running, queue_len,
+                                         (total_blocks - w_frees[j]) * bs if plain_used else _used(mem, w_frees[j]),
+                                         kv, 0, 0, 0))
+                    else:
+                        for f in w_frees[:k]:
+                            used = (total_blocks - f) * bs if plain_used else _used(mem, f)
+                            used_sum += used
+                            if used > used_max:
+                                used_max = used
+                    it += k
+                    s = last
+                    self.walked_iterations += k
+                    cached += n * k
+                    kv_cached += n * k
+            while t < arrival and it < stop:
+                kv = cached + n
+                dt = (base + (a_d * kv + sdn + b_d)) + cpu if inline else step_time(n, kv)
+                if not t + dt < limit:
+                    break                              # the plain loop takes this step, after the router
+                s1 = s + 1
+                res = s1 % bs
+                first = first_block.get(s1, 0)
+                due = taking[res] + first
+                if due > free:                         # KV short: the plain loop evicts
+                    break
+                if first:
+                    del first_block[s1]
+                    taking[res] += first
+                free -= due
+                it += 1
+                start, t = t, t + dt                   # the float add SimPy's timeout would do
+                if s == cap:
+                    ends = cohort.ends = np.concatenate((ends, np.empty(s)))
+                    cap = len(ends)
+                ends[s] = t
+                s = s1
+                cached = kv
+                kv_cached += n
+                k += 1
+                if s1 in done_at:                      # members complete: recorded after they leave, below
+                    done = done_at.pop(s1)
+                    if done:
+                        break
+                if record:
+                    rows.append((start, dt, n, 0, n, n_running, queue_len,
+                                 (total_blocks - free) * bs if plain_used else _used(mem, free),
+                                 kv_cached - offloaded, 0, 0, 0))
+                else:
+                    used = (total_blocks - free) * bs if plain_used else _used(mem, free)
+                    used_sum += used
+                    if used > used_max:
+                        used_max = used
+            if not k:
+                break
+            # write the run back: the cohort's take/commit, the engine's counters
+            mem.free_blocks = free
+            cohort.cached, cohort.steps = cached, s
+            cohort.last_iteration = it
+            cohort.tokens += n * k
+            view.iteration = it
+            view.kv_cached_tokens = kv_cached
+            self.tokens_generated += n * k
+            self.fast_forward_iterations += k
+            mem.clock = t
+            counted = k - 1 if done else k
+            if tally is not None and counted:
+                tally.iterations += counted
+                tally.batch_size += n * counted
+                tally.running += n_running * counted
+                tally.kv_alloc_tokens += used_sum
+                tally.kv_alloc_max = used_max
+            if not done:
+                break                                  # stopped short of a step: the plain loop or a wake takes it
+            running = view.running
+            for r in done:
+                cohort.leave(r)
+                self._finish(r, t, finalize=False)     # the cohort finalizes its completions in batches
+                running.remove(r)
+            finished = True
+            if record:
+                self._record(start, dt, n, 0, n)
+            else:
+                tally.add(n, len(running), mem.used_tokens)
+            if queued:
+                break
+        return t, start, finished
+
     def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
         """When the steady cohort, left alone from time t, first completes a member (the end of that step) or would
         be short of KV (the start of that step), with the step times _skip_cohort's loop would compute, nothing
@@ -448,13 +614,43 @@ class Simulation:
         key = (t, cohort.steps, n, context, self.memory.free_blocks)
         if self._lookahead is not None and self._lookahead[0] == key:
             return self._lookahead[1]           # woken where it slept: the same answer, not computed again
-        k, _ = cohort.steps_ahead(int(min(max_steps, stop - self.view.iteration)))
-        time_from_sums = self.costmodel.time_from_sums
+        # take()'s block rule walked without charging anything, stopping before a step short of KV or after one
+        # that completes a member, and the step times summed as _cohort_steps would (the same floats); the walk
+        # is kept: when the replica wakes in the same state, _cohort_steps applies its steps at once
+        done = min(cohort.done_at) if cohort.done_at else None
+        taking, first_block, bs = list(cohort.taking), cohort.first_block, cohort.block_size
+        free = self.memory.free_blocks
+        s = cohort.steps
+        step_time = self._step_time
+        inline = step_time.inline
+        if inline:
+            base, sdn, b_d, cpu, a_d = step_time.at(n)
         wake = t
-        for _ in range(k):
+        ends, dts, frees, events = [], [], [], []
+        completes = False
+        for _ in range(int(min(max_steps, stop - self.view.iteration))):
+            s += 1
+            res = s % bs
+            first = first_block.get(s, 0)
+            due = taking[res] + first
+            if due > free:
+                break
+            if first:
+                taking[res] += first
+                events.append((s, res, first))
+            free -= due
             context += n
-            wake = wake + time_from_sums(n, 0, 0, 0, 0, n, context)
-        self._lookahead = (key, wake)
+            dt = (base + (a_d * context + sdn + b_d)) + cpu if inline else step_time(n, context)
+            wake = wake + dt
+            ends.append(wake)
+            dts.append(dt)
+            frees.append(free)
+            if s == done:
+                completes = True
+                break
+        # steps that may be applied at once: not one where members complete (those leave one by one)
+        walk = (ends, dts, frees, events, len(ends) - completes)
+        self._lookahead = (key, wake, walk)
         return wake
 
     def _patch_last_waiting(self) -> None:
@@ -566,6 +762,8 @@ class Simulation:
             finalize_request(r, self.keep_token_times)
         if self.on_complete is not None:
             self.on_complete(r)
+        if finalize and self.rows is not None:
+            self.retire((r,))
 
     def _record(self, start, dt, n, prefill, decode):
         v, mem = self.view, self.memory
@@ -631,12 +829,18 @@ class Simulation:
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
             self.cohort = self.view.cohort = DecodeCohort(self.view, self.memory, self.keep_token_times)
+            if self.rows is not None:
+                self.cohort.on_final = self.retire
+                if self.flush_at:
+                    self.cohort.flush_at = self.flush_at
             self.view.loose[:] = self.view.running
 
     def result(self) -> SimResult:
         if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
             self.cohort.flush()
             self.cohort.materialize()
+        if self.rows is not None:
+            self.all_requests = self.live_requests()
         return SimResult.from_simulation(self)
 
     def run(self):

@@ -11,7 +11,7 @@ class Request:
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
                  "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
-                 "cohort", "prefix", "chain", "hit", "hit_tokens", "after", "think_s", "followers", "adapter")
+                 "cohort", "prefix", "chain", "hit", "hit_tokens", "after", "think_s", "followers", "adapter", "seq")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
                  slo_ttft_s=None, slo_tbt_s=None, prefix=None):
@@ -51,6 +51,7 @@ class Request:
         self.think_s = 0.0                          # that one completes; sim/engine/sessions.py)
         self.followers = None                       # the turns that follow this one
         self.adapter = -1                           # multi-LoRA: the adapter it runs with (-1: the base model)
+        self.seq = -1                               # its place in a replica's request list (rows retired by it)
 
     @property
     def on_gpu(self) -> bool:

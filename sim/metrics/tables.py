@@ -8,6 +8,8 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 
+from sim.metrics.rowstore import INT_FIELDS
+
 NAN = float("nan")
 PCTS = (50, 90, 99)
 
@@ -22,12 +24,8 @@ class SLO:
     normalized_latency_s: float | None = None
 
 
-def request_table(requests, slos: dict | None = None, overheads=None) -> pd.DataFrame:
-    """One row per request, finished or not (unfinished rows have NaN times). Built column-wise: the same float
-    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed. The cost model's
-    front-end overheads (costmodels.base.Overheads: frontend_s + frontend_per_token_s × prompt tokens +
-    frontend_steps × the request's first step) are added to TTFT and end-to-end latency, as a client measures them;
-    the engine-side times (first_token_s, completion_s) stay as the engine saw them."""
+def request_columns(requests) -> dict:
+    """The request table's raw columns from Request objects (RequestRows.columns' names and dtypes)."""
     reqs = list(requests)
 
     def col(name, dtype=None):
@@ -36,9 +34,34 @@ def request_table(requests, slos: dict | None = None, overheads=None) -> pd.Data
     def times(name):
         return np.array([NAN if v is None else v for v in map(attrgetter(name), reqs)], dtype=float)
 
-    arrival, out = col("arrival_s", float), col("output_tokens", np.int64)
-    first_sched, first_tok, comp = times("first_scheduled_s"), times("first_token_s"), times("completion_s")
     tbt = np.array([r.tbt or (NAN, NAN, NAN) for r in reqs], dtype=float).reshape(-1, 3)
+    out = {k: col(k, np.int64) for k in INT_FIELDS}
+    out.update({"arrival_s": col("arrival_s", float), "first_scheduled_s": times("first_scheduled_s"),
+                "first_token_s": times("first_token_s"), "completion_s": times("completion_s"),
+                "tbt_mean": tbt[:, 0], "tbt_p99": tbt[:, 1], "tbt_max": tbt[:, 2],
+                "cls": col("cls", object), "state": col("state", object),
+                "reason": np.array([r.reason or "" for r in reqs], dtype=object)})
+    return out
+
+
+def request_table(requests, slos: dict | None = None, overheads=None, rows=None) -> pd.DataFrame:
+    """One row per request, finished or not (unfinished rows have NaN times). Built column-wise: the same float
+    operations as one row at a time (a missing time is NaN, and NaN propagates), at numpy speed. The cost model's
+    front-end overheads (costmodels.base.Overheads: frontend_s + frontend_per_token_s × prompt tokens +
+    frontend_steps × the request's first step) are added to TTFT and end-to-end latency, as a client measures them;
+    the engine-side times (first_token_s, completion_s) stay as the engine saw them. `rows`: requests already
+    retired to columns (sim/metrics/rowstore.py), which come first."""
+    c = request_columns(requests)
+    if rows is not None and len(rows):
+        retired = rows.columns()
+        c = {k: np.concatenate((retired[k], v)) for k, v in c.items()}
+
+    def col(name, dtype=None):
+        v = c[name]
+        return v if dtype is None or v.dtype == dtype else v.astype(dtype)
+
+    arrival, out = c["arrival_s"], c["output_tokens"]
+    first_sched, first_tok, comp = c["first_scheduled_s"], c["first_token_s"], c["completion_s"]
     e2e = comp - arrival
     ttft = first_tok - arrival
     o = overheads
@@ -52,15 +75,15 @@ def request_table(requests, slos: dict | None = None, overheads=None) -> pd.Data
         tpot = np.where((out > 1) & ~np.isnan(comp), (comp - first_tok) / (out - 1), NAN)
         normalized = e2e / out
     df = pd.DataFrame({
-        "id": col("id", np.int64), "cls": col("cls", object), "status": col("state", object), "arrival_s": arrival,
-        "prompt_tokens": col("prompt_tokens", np.int64), "output_tokens": out,
-        "predicted_output_tokens": col("predicted_output_tokens", np.int64), "generated_tokens": col("generated", np.int64),
+        "id": c["id"], "cls": c["cls"], "status": c["state"], "arrival_s": arrival,
+        "prompt_tokens": c["prompt_tokens"], "output_tokens": out,
+        "predicted_output_tokens": c["predicted_output_tokens"], "generated_tokens": c["generated"],
         "first_scheduled_s": first_sched, "first_token_s": first_tok, "completion_s": comp,
-        "ttft_s": ttft, "tpot_s": tpot, "tbt_mean_s": tbt[:, 0], "tbt_p99_s": tbt[:, 1],
-        "tbt_max_s": tbt[:, 2], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
-        "evictions": col("evictions", np.int64), "swaps": col("swaps", np.int64),
-        "evicted_tokens": col("evicted_tokens", np.int64), "prefix_hit_tokens": col("hit_tokens", np.int64),
-        "reason": np.array([r.reason or "" for r in reqs], dtype=object)})
+        "ttft_s": ttft, "tpot_s": tpot, "tbt_mean_s": c["tbt_mean"], "tbt_p99_s": c["tbt_p99"],
+        "tbt_max_s": c["tbt_max"], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
+        "evictions": c["evictions"], "swaps": c["swaps"],
+        "evicted_tokens": c["evicted_tokens"], "prefix_hit_tokens": c["hit_tokens"],
+        "reason": c["reason"]})
     df["slo_attained"] = slo_attained(df, slos or {})
     return df
 
@@ -159,7 +182,7 @@ class SimResult:
     def from_simulation(cls, sim, slos=None) -> "SimResult":
         slos = slos if slos is not None else getattr(sim, "slos", None)
         overheads = getattr(sim.costmodel, "overheads", None)
-        req = request_table(sim.all_requests, slos, overheads)
+        req = request_table(sim.all_requests, slos, overheads, getattr(sim, "rows", None))
         it = iteration_table(sim.iters)
         # estimated from the finished rows, outside the engine loop (sim/metrics/utilization.py)
         from sim.metrics.utilization import utilization
