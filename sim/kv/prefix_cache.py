@@ -211,13 +211,9 @@ class PrefixCachingKVManager(KVCacheManager):
                     q[k] = None
                 self.queued += n
             self.pending.clear()
-        debt = self.pristine + self.queued - self.free_blocks
-        if debt <= 0:
+        debt = self._owed()
+        if not debt:
             return
-        take = min(debt, self.pristine)
-        self.pristine -= take
-        debt -= take
-        self.queued -= debt
         q, ref, runs = self.queue, self.ref, self.runs
         while debt:
             k, _ = q.popitem(last=False)
@@ -235,6 +231,18 @@ class PrefixCachingKVManager(KVCacheManager):
                 else:
                     del runs[k]
                     debt -= n
+
+    def _owed(self) -> int:
+        """Blocks allocations took beyond the free pristine ones, which the queue must now give up (0: none). The
+        pristine blocks are used first; what is owed leaves the queue's count."""
+        debt = self.pristine + self.queued - self.free_blocks
+        if debt <= 0:
+            return 0
+        take = min(debt, self.pristine)
+        self.pristine -= take
+        debt -= take
+        self.queued -= debt
+        return debt
 
     def _to_cpu(self, k) -> None:
         if not self.cpu_capacity:

@@ -87,13 +87,9 @@ class RadixKVManager(PrefixCachingKVManager):
                         heapq.heappush(heap, (t, self._pushes, k))
                 self.queued += n
             self.pending.clear()
-        debt = self.pristine + self.queued - self.free_blocks
-        if debt <= 0:
+        debt = self._owed()
+        if not debt:
             return
-        take = min(debt, self.pristine)
-        self.pristine -= take
-        debt -= take
-        self.queued -= debt
         runs = self.runs
         while debt and runs:                    # blank blocks carry nothing: used before any cached one
             k = next(iter(runs))
