@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 from costmodels.errors import UserError
-from costmodels.values import describe, finite
+from costmodels.values import describe, finite, typed
 from sim.metrics import SLO
 
 
@@ -121,22 +121,10 @@ def _coerce(value, typ, where):
         if value is None:
             return None
         return _coerce(value, args[0], where)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"{where}: expected true or false, got {value!r}")
-    if typ is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return finite(value, where, "an integer")
-        raise UserError(f"{where}: expected an integer, got {describe(value)}")
+    if typ in (bool, int, str):          # one check for scenario fields and policy knobs (costmodels/values.py)
+        return typed(value, typ, where, default=typ)
     if typ is float:
-        return float(finite(value, where))
-    if typ is str:
-        if isinstance(value, str):
-            return value
-        raise UserError(f"{where}: expected a string, got {describe(value)}")
+        return float(typed(value, typ, where, default=typ))
     if typ is dict:
         if isinstance(value, dict):
             return value
