@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from costmodels.errors import UserError
+from sim.errors import known_keys
 
 KEYS = ("min", "max", "initial", "policy", "up_at", "down_at", "interval_s", "cooldown_s", "start_s", "load_gbps",
         "schedule")
@@ -56,9 +57,7 @@ def _num(raw, key, where, default, low=0.0, integer=False):
 def parse_autoscale(raw, pool_size: int, where: str = "cluster.autoscale") -> AutoscaleSpec:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping with policy, min, max, ...")
-    bad = sorted(set(raw) - set(KEYS))
-    if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; allowed: {', '.join(KEYS)}")
+    known_keys(raw, KEYS, where)
     policy = raw.get("policy", "outstanding")
     if policy not in POLICIES:
         raise UserError(f"{where}.policy: {policy!r} is not allowed; allowed: {', '.join(POLICIES)}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels.errors import UserError
+from sim.errors import known_keys
 
 GB = 1e9
 
@@ -59,10 +60,7 @@ class LoRAConfig:
 def lora_config(section, where: str = "lora") -> LoRAConfig | None:
     if not section:
         return None
-    names = set(LoRAConfig.__dataclass_fields__)
-    bad = sorted(set(section) - names)
-    if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, bad))}; allowed: {', '.join(sorted(names))}")
+    known_keys(section, sorted(LoRAConfig.__dataclass_fields__), where)
     cfg = LoRAConfig(**section)
     cfg.validate(where)
     return cfg

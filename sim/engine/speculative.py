@@ -33,6 +33,7 @@ import numpy as np
 
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
+from sim.errors import known_keys
 
 METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
@@ -84,10 +85,7 @@ def speculative_config(section: dict, where: str = "speculative", base=None) -> 
     where a relative accepted_file is looked for first."""
     if not section:
         return None
-    names = set(SpeculativeConfig.__dataclass_fields__)
-    bad = sorted(set(section) - names)
-    if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, bad))}; allowed: {', '.join(sorted(names))}")
+    known_keys(section, sorted(SpeculativeConfig.__dataclass_fields__), where)
     cfg = SpeculativeConfig(**section)
     if cfg.accepted_file:
         if cfg.accepted:
