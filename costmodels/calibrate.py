@@ -18,7 +18,7 @@ import pandas as pd
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from costmodels.operators import GEMM_SHAPES, LAYER_OPS, Shard, dense_work, gemm_dims
-from costmodels.profile_data import CHECK_OPS, VALIDATION_OPS, parse_decode, parse_prefill
+from costmodels.profile_data import CHECK_OPS, MIXED_OPS, VALIDATION_OPS, parse_decode, parse_prefill
 
 KINDS = ("linear", "roofline", "profiled")
 DENSE_OPS = LAYER_OPS + ("emb",)
@@ -56,6 +56,10 @@ def split_contiguous(table: pd.DataFrame, test_frac: float = 0.25, seed: int = 0
         pairs = [parse_prefill(s) for s in table["prefill"].to_numpy()[pre]]
         key = np.array([max(c) * 100_000 + max(k) for c, k in pairs])      # sorted by chunk, then context
         te[pre] = _blocks(key, n_blocks, test_frac, rng)
+    mix = np.isin(op, MIXED_OPS)
+    if mix.any():        # mixed batches in contiguous blocks of the KV their decodes read
+        te[mix] = _blocks(np.array([sum(parse_decode(s)) for s in table["decode"].to_numpy()[mix]]), n_blocks,
+                          test_frac, rng)
     te |= np.isin(op, VALIDATION_OPS + CHECK_OPS)     # whole layers and iterations are validation only
     return table[~te].reset_index(drop=True), table[te].reset_index(drop=True)
 
@@ -226,6 +230,45 @@ def fit_prefill(table):
     return tuple((coef / col).tolist())
 
 
+def mixed_rows(table, mode: str = "one-varlen"):
+    """attn_mixed rows timed with the engine's `mode` of running a mixed batch (files without the column: one varlen
+    call, the harness's only way before the column)."""
+    m = table[table["op"].isin(MIXED_OPS)]
+    if "mixed_attention" in m:
+        m = m[m["mixed_attention"].astype(str).isin((mode, "", "nan"))]
+    return m[m["decode"] != ""]
+
+
+def fit_mixed_decode(table, pre):
+    """A mixed batch's decodes inside the one varlen call (vLLM's FlashAttention backend runs prefills and decodes
+    together; FlashAttention splits the KV only for all-decode batches, so there each decode is a thread block per
+    query head over its whole context): the decode form of fit_decode, fitted on attn_mixed rows less the prefill
+    fit `pre`, relative error of the whole row. None without such rows. Returns (c, b_half, ψ, c0, γ, ch), seconds."""
+    from scipy.optimize import least_squares
+    rows = mixed_rows(table)
+    if len(rows) < 3 or pre is None:
+        return None
+    y = rows["time_ms"].to_numpy(float) * 1e-3
+    P, b, K = [], [], []
+    for pf, dc in zip(rows["prefill"], rows["decode"]):
+        c, k = (np.asarray(v, dtype=float) for v in parse_prefill(pf))
+        P.append(pre[0] * np.sum(c * k) + pre[1] * np.sum(c * c) + pre[2] * np.sum(c) + pre[3] * np.sum(k)
+                 + pre[4] * len(c))
+        m = parse_decode(dc)
+        b.append(len(m))
+        K.append(sum(m))
+    P, b, K = np.array(P), np.array(b, dtype=float), np.array(K, dtype=float)
+    c_ideal = float(np.median(np.maximum(y - P, 0.1 * y) / K))
+    scale = np.array([c_ideal, 1.0, 1e-6, 1e-6, 1.0, 1.0])
+
+    def resid(z):
+        c, bh, psi, c0, g, ch = z * scale
+        return (P + K * c * (1.0 + (bh + ch * (K / b) / 1000.0) / b) ** g + psi * b + c0 - y) / y
+    r = least_squares(resid, [1.0, 2.0, 0.1, 1.0, 0.5, 0.0],
+                      bounds=([0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [20.0, 1024.0, 100.0, 1000.0, 1.0, 1e6]))
+    return tuple((r.x * scale).tolist())
+
+
 def fit_roofline(table, model, gpu):
     """Roofline v2's efficiencies on per-operator rows: dense ops time-weighted, decode and prefill attention as
     timed; attention rows missing: the shipped efficiencies stay."""
@@ -286,9 +329,13 @@ def fit_profiled(table, model, gpu, tp: int = 1, base=None):
         dec = (c[0], c[1], c[2], c[3], c[4], c[5])
     if pre is None:
         pre = tuple(base._pre)
-    decode = dict(zip(("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp", "ctx_half"), dec))
+    keys = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp", "ctx_half")
+    decode = dict(zip(keys, dec))
     if small:
         decode["small_batch"] = small
+    mixed = fit_mixed_decode(table, pre)
+    if mixed is not None:
+        decode["in_varlen"] = dict(zip(keys, mixed))
     return ProfiledCostModel(dense, decode,
                              dict(zip(("ck_s", "c2_s", "c_s", "k_s", "per_seq_s"), pre)), model, gpu,
                              tp=tp if tp in dense else min(dense), emb=emb_fit, profiled_tp=1)
@@ -363,7 +410,8 @@ def _at_tp(cm, tp: int):
         elif cm.kind == "profiled":
             from costmodels.profiled import ProfiledCostModel
             cache[tp] = (ProfiledCostModel(cm.dense_tables, cm.decode_fit, cm.prefill_fit, cm.model, cm.gpu, tp=tp,
-                                           emb=cm.emb_fit, profiled_tp=cm.profiled_tp)
+                                           emb=cm.emb_fit, profiled_tp=cm.profiled_tp,
+                                           mixed_attention=cm.mixed_attention)
                          if tp in cm.dense_tables else None)
         else:
             from costmodels.roofline import RooflineCostModel
@@ -384,7 +432,7 @@ def predict_groups(cm, shape: BatchShape) -> dict:
         return {"other": (k["a_o"] * n + k["b_o"]) * L, "attn_prefill": pre * L, "attn_decode": dec * L,
                 "emb": (k["step_a"] * n + k["step_b"]) * L}
     other = float(cm.dense_ops_time(n))       # profiles time the operators, not the all-reduces between them
-    return {"other": other, "attn_prefill": cm.prefill_attn_time(pt, pc), "attn_decode": cm.decode_attn_time(dc),
+    return {"other": other, "attn_prefill": cm.prefill_attn_time(pt, pc), "attn_decode": cm.batch_decode_attn_time(shape),
             "emb": float(cm.emb_time(n))}
 
 
@@ -394,8 +442,12 @@ def predict_op(cm, row):
     m = _at_tp(cm, int(row.get("tp", 1)))
     if m is None:
         return None
+    m = in_mode(m, row.get("mixed_attention"))
     shape = row_shape(row)
     op = row["op"]
+    if op in MIXED_OPS:
+        g = predict_groups(m, shape)
+        return g["attn_prefill"] + g["attn_decode"]
     if op == "layer_forward":
         g = predict_groups(m, shape)
         return g["other"] + g["attn_prefill"] + g["attn_decode"]
@@ -414,6 +466,14 @@ def predict_op(cm, row):
     return float(m.dense_op_time(op, shape.num_tokens))
 
 
+def in_mode(cm, mode):
+    """The model pricing a mixed batch's attention as the row's engine ran it (column mixed_attention)."""
+    if not isinstance(mode, str) or not mode or not hasattr(cm, "in_mode"):
+        return cm
+    return cm.in_mode(mode)
+
+
+MIXED_LABEL = {"one-varlen": "mixed batches as one varlen call", "split": "mixed batches as prefill + decode kernels"}
 ITERATION_TIMING = {"graph": "graph-replayed, as engines run them", "eager": "eager: Python dispatch included"}
 
 
@@ -432,7 +492,12 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
     and whole iterations: measured layer_forward rows if the profile has them, else mixed batches composed from
     held-out attention rows plus the measured non-attention ops at the batch's token count."""
     rows = []
-    for op, g in test[~test["op"].isin(VALIDATION_OPS + CHECK_OPS)].groupby("op", sort=False):
+    fitted = test[~test["op"].isin(VALIDATION_OPS + CHECK_OPS)]
+    key = fitted["op"]
+    if "mixed_attention" in fitted:      # attn_mixed rows one line per way the engine ran them
+        mode = fitted["mixed_attention"].astype(str).replace("nan", "")
+        key = key.where(~key.isin(MIXED_OPS) | (mode == ""), key + " (" + mode.map(lambda x: MIXED_LABEL.get(x, x)) + ")")
+    for op, g in fitted.groupby(key, sort=False):
         pairs = [(y, predict_op(cm, r)) for y, (_, r) in zip(g["time_ms"] * 1e-3, g.iterrows())]
         pairs = [(y, p) for y, p in pairs if p is not None]
         if pairs:
@@ -460,11 +525,21 @@ def heldout_errors(cm, test: pd.DataFrame, reference: pd.DataFrame | None = None
                           + predict_groups(m, BatchShape([int(n)], [0]))["emb"] for n in both])
             rows.append(_err_row(f"iteration non-attention{tag}", y, p))
     timing = test["timing"] if "timing" in test else pd.Series("cpu", index=test.index)
+    mode_col = (test["mixed_attention"].astype(str).replace("nan", "") if "mixed_attention" in test
+                else pd.Series("", index=test.index))
     for op, what in (("layer_forward", "layer_forward (measured mixed batches)"),
                      ("iteration_forward", "iteration_forward (measured whole iterations)")):
         for how, g in test[test["op"] == op].groupby(timing[test["op"] == op], sort=False):
             label = what if how not in ITERATION_TIMING else f"{op} ({ITERATION_TIMING[how]})"
-            rows.append(_err_row(label, g["time_ms"].to_numpy() * 1e-3, [predict_op(cm, r) for _, r in g.iterrows()]))
+            modes = sorted(set(mode_col.loc[g.index]) - {""})
+            if len(modes) < 2:
+                rows.append(_err_row(label, g["time_ms"].to_numpy() * 1e-3, [predict_op(cm, r) for _, r in g.iterrows()]))
+                continue
+            # the profile timed mixed batches both ways: one line per way, each with the batches without prefill
+            for mode in modes:
+                sub = g[mode_col.loc[g.index].isin((mode, ""))]
+                rows.append(_err_row(f"{label[:-1]}; {MIXED_LABEL.get(mode, mode)})", sub["time_ms"].to_numpy() * 1e-3,
+                                     [predict_op(cm, r) for _, r in sub.iterrows()]))
     ref = reference if reference is not None else test
     ref1 = ref[ref["tp"] == 1] if "tp" in ref else ref
     layers = cm.model.layers if cm.model is not None else getattr(cm, "layers", 32)

@@ -17,7 +17,12 @@ from costmodels.operators import ATTN_OPS, LAYER_OPS
 REQUIRED = ("op", "num_tokens", "prefill", "decode", "time_ms")
 VALIDATION_OPS = ("layer_forward", "iteration_forward")   # measured for validation, never fitted
 CHECK_OPS = ("moe_mlp",)   # one MoE layer's routed experts: compared with the model (profile --check), not fitted
-KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb",) + VALIDATION_OPS + CHECK_OPS
+# attn_mixed: one mixed batch's attention (prefill chunks and decodes) as the engine runs it, column mixed_attention
+# saying how: 'one-varlen' (one varlen FlashAttention call, vLLM's FlashAttention backend) or 'split' (prefill and
+# decode kernels, FlashInfer-style). Fitted: the decodes' cost inside the varlen call.
+MIXED_OPS = ("attn_mixed",)
+MIXED_MODES = ("one-varlen", "split")
+KNOWN_OPS = LAYER_OPS + ATTN_OPS + ("emb",) + VALIDATION_OPS + CHECK_OPS + MIXED_OPS
 # How a row was timed. Harness files from before the column existed were timed eager on CUDA.
 TIMINGS = ("graph", "eager", "cpu", "vidur", "unknown")
 VIDUR_MLP_OPS = LAYER_OPS + ("emb",)
@@ -51,6 +56,8 @@ def read_profile(path, tp: int | None = 1, stat: str = "median") -> pd.DataFrame
     if "op" in df.columns or not any(c.startswith("time_stats.") for c in df.columns):
         out = _validate_harness(df, path)
         out["timing"] = _timing(out, path)
+        if "mixed_attention" in out:
+            out["mixed_attention"] = _mixed_modes(out, path)
     elif "num_tokens" in df.columns:
         out = _from_vidur_mlp(df, path, tp, stat)
         out["timing"] = "vidur"
@@ -98,6 +105,16 @@ def _timing(df, path):
     if "device" in df.columns:
         return np.where(df["device"].astype(str) == "cuda", "eager", "cpu")
     return "unknown"      # a hand-made table: nothing says how it was timed
+
+
+def _mixed_modes(df, path):
+    m = df["mixed_attention"].astype(object).where(df["mixed_attention"].notna(), "").astype(str)
+    bad = ~m.isin(MIXED_MODES + ("",))
+    if bad.any():
+        i = int(np.argmax(bad.to_numpy()))
+        raise UserError(f"{path}: row {i + 2}: mixed_attention {m.iloc[i]!r} is not one of {', '.join(MIXED_MODES)} "
+                        f"(or empty)")
+    return m
 
 
 def _check_positive(df, col, path):
@@ -196,5 +213,5 @@ def row_shape(row) -> BatchShape:
 def config_key(row) -> str:
     """Rows that timed the same configuration share a key, so a train/test split never leaks repeats."""
     tp = row.get("tp", 1)
-    return (f"{row['op'] if row['op'] in ATTN_OPS + VALIDATION_OPS else 'dense'}|{tp}|{row['num_tokens']}|"
+    return (f"{row['op'] if row['op'] in ATTN_OPS + VALIDATION_OPS + MIXED_OPS else 'dense'}|{tp}|{row['num_tokens']}|"
             f"{row['prefill']}|{row['decode']}")

@@ -11,6 +11,10 @@
   over the SMs (on the A100, at 4, 7 and 14 requests of Llama-2-7B), which no smooth form follows.
 - Prefill attention: t = a1·Σck + a2·Σc² + a3·Σc + a4·Σk + a5·n per layer (chunks c after k cached tokens),
   non-negative least squares: monotone in chunk and context.
+- A mixed batch's decodes: where the profile timed the engine's one varlen call over a whole mixed batch
+  (`attn_mixed` rows, vLLM's FlashAttention backend) the decodes cost what that kernel charges them, fitted in the
+  decode form on those rows less the prefill fit (`decode.in_varlen`; `mixed_attention: one-varlen`); with
+  `mixed_attention: split` (FlashInfer-style prefill and decode kernels) they are priced as decode-only rows.
 - lm_head, sampling and tensor-parallel all-reduces come from roofline v2 (the profiles do not time them).
 Tensor parallelism other than the profiled one scales attention by the shard's share of heads.
 
@@ -28,6 +32,7 @@ from costmodels.errors import UserError
 from costmodels.roofline import RooflineCostModel
 
 DECODE_KEYS = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp")    # plus optional ctx_half,
+MIXED_MODES = ("one-varlen", "split")   # how the profiled engine runs a mixed batch's attention
 SMALL_DECODE_BATCH = 16          # small_batch: {b: {context: [...], s: [...]}} measured rows up to this many requests
 PREFILL_KEYS = ("ck_s", "c2_s", "c_s", "k_s", "per_seq_s")
 
@@ -38,7 +43,8 @@ class ProfiledCostModel(RooflineCostModel):
     kind = "profiled"
 
     def __init__(self, dense: dict, decode: dict, prefill: dict, model, gpu, tp: int = 1, emb: dict | None = None,
-                 profiled_tp: int = 1, kv_dtype=None, provenance: dict | None = None, overheads=None, **roofline):
+                 profiled_tp: int = 1, kv_dtype=None, provenance: dict | None = None, overheads=None,
+                 mixed_attention: str | None = None, **roofline):
         if model is None or gpu is None:
             raise UserError("costmodel: kind 'profiled' needs model.name and hardware.gpu from the catalogs")
         self.dense_tables = {int(k): v for k, v in dense.items()}
@@ -51,6 +57,18 @@ class ProfiledCostModel(RooflineCostModel):
                 raise UserError(f"costmodel: profiled {name} attention lacks {', '.join(missing)}; refit it")
             if any(float(d[k]) < 0 for k in keys):
                 raise UserError(f"costmodel: profiled {name} attention has a negative coefficient; refit it")
+        in_varlen = decode.get("in_varlen")
+        if in_varlen is not None:
+            missing = [k for k in DECODE_KEYS if k not in in_varlen]
+            if missing or any(float(in_varlen[k]) < 0 for k in DECODE_KEYS if k in in_varlen):
+                raise UserError(f"costmodel: profiled decode.in_varlen lacks {', '.join(missing) or 'nothing'} or has "
+                                "a negative coefficient; refit it")
+        self.mixed_attention = mixed_attention or ("one-varlen" if in_varlen is not None else "split")
+        if self.mixed_attention not in MIXED_MODES:
+            raise UserError(f"costmodel: mixed_attention {self.mixed_attention!r} is not one of {', '.join(MIXED_MODES)}")
+        if self.mixed_attention == "one-varlen" and in_varlen is None:
+            raise UserError("costmodel: mixed_attention one-varlen needs decode.in_varlen (attn_mixed rows); refit "
+                            "with them or use split")
         self.decode_fit, self.prefill_fit, self.emb_fit = dict(decode), dict(prefill), emb
         self.profiled_tp = int(profiled_tp)
         super().__init__(model, gpu, tp=tp, kv_dtype=kv_dtype, provenance=provenance, overheads=overheads, **roofline)
@@ -72,6 +90,12 @@ class ProfiledCostModel(RooflineCostModel):
         # measured small-batch rows, scaled like the per-request time (KV heads on the shard, the engine's kernel)
         self._small = {int(b): ([float(x) for x in row["context"]], [float(y) * kv_scale * a for y in row["s"]])
                        for b, row in (d.get("small_batch") or {}).items() if len(row["context"]) >= 2}
+        # decodes inside the varlen call: a thread block per (request, query head) there, so query heads scale them
+        iv = d.get("in_varlen")
+        self._dec_mixed_fit = (float(iv["per_kv_token_s"]) * q_scale * a, float(iv["batch_half"]),
+                               float(iv["per_seq_s"]) * k * q_scale, float(iv["fixed_s"]) * k, float(iv["batch_exp"]),
+                               float(iv.get("ctx_half", 0.0))) if iv else None
+        self._dec_mixed = self._dec_mixed_fit if self.mixed_attention == "one-varlen" else None
         self._pre = (float(p["ck_s"]) * q_scale, float(p["c2_s"]) * q_scale, float(p["c_s"]) * q_scale,
                      float(p["k_s"]) * kv_scale, float(p["per_seq_s"]) * k)
         t = self.dense_tables[tp]
@@ -121,6 +145,18 @@ class ProfiledCostModel(RooflineCostModel):
         out["other"] = float(self.dense_ops_time(n))
         return out
 
+    def in_mode(self, mode: str | None):
+        """This model with a mixed batch's attention priced as `mode` runs it (None or the same: itself)."""
+        if mode in (None, "", self.mixed_attention) or mode not in MIXED_MODES:
+            return self
+        if mode == "one-varlen" and self._dec_mixed_fit is None:
+            return self
+        import copy
+        other = copy.copy(self)
+        other.mixed_attention = mode
+        other._dec_mixed = self._dec_mixed_fit if mode == "one-varlen" else None
+        return other
+
     # -- persistence --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         r = lambda v: float(f"{v:.6g}")  # noqa: E731
@@ -135,7 +171,10 @@ class ProfiledCostModel(RooflineCostModel):
                            **({"small_batch": {int(b): {"context": [r(x) for x in row["context"]],
                                                         "s": [r(y) for y in row["s"]]}
                                                for b, row in sorted(self.decode_fit["small_batch"].items())}}
-                              if self.decode_fit.get("small_batch") else {})},
+                              if self.decode_fit.get("small_batch") else {}),
+                           **({"in_varlen": {k: r(v) for k, v in self.decode_fit["in_varlen"].items()}}
+                              if self.decode_fit.get("in_varlen") else {})},
+                "mixed_attention": self.mixed_attention,
                 "prefill": {k: r(self.prefill_fit[k]) for k in PREFILL_KEYS},
                 "provenance": self.provenance}
 
@@ -153,7 +192,8 @@ class ProfiledCostModel(RooflineCostModel):
             raise UserError(f"{path}: not a profiled cost model file (needs dense, decode, prefill); refit with "
                             "`servesim calibrate --kind profiled`")
         return cls(d["dense"], d["decode"], d["prefill"], model, gpu, tp=tp, emb=d.get("emb"),
-                   profiled_tp=d.get("profiled_tp", 1), provenance=d.get("provenance"), **kw)
+                   profiled_tp=d.get("profiled_tp", 1), provenance=d.get("provenance"),
+                   mixed_attention=kw.pop("mixed_attention", None) or d.get("mixed_attention"), **kw)
 
 
 def profiled_path(gpu_name: str, model_name: str) -> Path:

@@ -266,12 +266,29 @@ class RooflineCostModel(CostModel):
     def decode_attn_time(self, contexts) -> float:
         return self.decode_attn_time_sums(len(contexts), int(sum(contexts)))
 
+    # A mixed batch's decodes as the engine runs them: with `_dec_mixed` set (a profile timed one varlen call over
+    # the whole batch, vLLM's FlashAttention backend) they ride in the prefill's kernel and cost what that kernel
+    # charges them; None (the default, FlashInfer-style prefill and decode kernels) prices them as decode-only rows.
+    _dec_mixed = None
+
+    def _mixed_decode_s(self, n: int, kv_read) -> float:
+        c = self._dec_mixed
+        occ = math.pow(1.0 + (c[1] + c[5] * (kv_read / n) / 1000.0) / n, c[4])
+        return kv_read * c[0] * occ + c[2] * n + c[3]
+
+    def batch_decode_attn_time(self, shape: BatchShape) -> float:
+        """Decode attention per layer of the batch's decodes, priced as the batch runs them (see _dec_mixed)."""
+        dc = shape.decode_context
+        if dc and shape.prefill_tokens and self._dec_mixed is not None:
+            return self._mixed_decode_s(len(dc), int(sum(dc)))
+        return self.decode_attn_time(dc)
+
     def op_times(self, shape: BatchShape) -> dict:
         """Seconds per operator (layer ops and attention per layer, step ops per iteration), dense FFN view."""
         n = shape.num_tokens
         out = {op: float(self.dense_op_time(op, n)) for op in LAYER_OPS}
         out["attn_prefill"] = self.prefill_attn_time(shape.prefill_tokens, shape.prefill_context)
-        out["attn_decode"] = self.decode_attn_time(shape.decode_context)
+        out["attn_decode"] = self.batch_decode_attn_time(shape)
         out["emb"] = float(self.emb_time(n))
         out["lm_head"] = float(self.dense_op_time("lm_head", len(shape.prefill_tokens) + len(shape.decode_context)))
         return out
@@ -344,7 +361,9 @@ class RooflineCostModel(CostModel):
         attn = 0.0
         if n_decode:
             c = self._dec
-            if c[5] or n_decode in self._small:
+            if n_prefill and self._dec_mixed is not None:
+                attn = self._mixed_decode_s(n_decode, kv_read)
+            elif c[5] or n_decode in self._small:
                 attn = self._decode_layer_s(n_decode, kv_read)
             else:
                 attn = kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3]
