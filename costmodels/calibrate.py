@@ -473,7 +473,7 @@ def in_mode(cm, mode):
     return cm.in_mode(mode)
 
 
-MIXED_LABEL = {"one-varlen": "mixed batches as one varlen call", "split": "mixed batches as prefill + decode kernels"}
+MIXED_LABEL = {"one-varlen": "mixed: one varlen call", "split": "mixed: prefill + decode kernels"}
 ITERATION_TIMING = {"graph": "graph-replayed, as engines run them", "eager": "eager: Python dispatch included"}
 
 

@@ -302,28 +302,91 @@ def working_attentions(torch, device, dtype, heads: int = 4, kv_heads: int = 2, 
     return ok, tried
 
 
+def entries(candidates, b, kv_heads: int):
+    """(label, prepare(k, v)) for every way to run batch b over a pool with kv_heads KV heads: each candidate, and
+    each of its variants (the split-KV kernel's split counts) where it has them."""
+    out = []
+    for impl in candidates:
+        variants = impl.variants(b, kv_heads) if hasattr(impl, "variants") else [None]
+        for var in variants:
+            if var is None:
+                out.append((impl.name, lambda k, v, i=impl: i.prepare(k, v, b)))
+            else:
+                out.append((f"{impl.name} ({impl.variant_label(var)})",
+                            lambda k, v, i=impl, x=var: i.prepare(k, v, b, x)))
+    return out
+
+
 def race(torch, candidates, k, v, b, q, repeats: int = 3):
-    """(name, run) of the candidate whose graph-replayed call is fastest on this batch; CPU: the first."""
-    if len(candidates) == 1 or torch.device(q.device).type != "cuda":
-        return candidates[0].name, candidates[0].prepare(k, v, b)
+    """(label, run) of the candidate (or candidate variant) whose graph-replayed call is fastest on this batch; on a
+    CPU the first candidate with its own default variant."""
+    ways = entries(candidates, b, k.shape[1])
+    if torch.device(q.device).type != "cuda":
+        impl = candidates[0]
+        label = impl.name + (f" ({impl.variant_label(impl.default_variant(b, k.shape[1]))})"
+                             if hasattr(impl, "variants") else "")
+        return label, impl.prepare(k, v, b)
+    if len(ways) == 1:
+        return ways[0][0], ways[0][1](k, v)
     from profiles.timing import GraphCudaTimer
     timer, best = GraphCudaTimer(torch, target_ms=0.5), None
-    for impl in candidates:
-        run = impl.prepare(k, v, b)
+    for label, prep in ways:
         try:
+            run = prep(k, v)
             t = timer.time(lambda: run(q), repeats)
         except Exception:   # noqa: BLE001 — a kernel that refuses this shape is out of the race
             continue
         if t.mode == "graph" and (best is None or t.median < best[0]):
-            best = (t.median, impl.name, run)
+            best = (t.median, label, run)
     if best is None:
-        return candidates[0].name, candidates[0].prepare(k, v, b)
+        return ways[0][0], ways[0][1](k, v)
     return best[1], best[2]
+
+
+def split_mixed(torch, general, decode_candidates, k, v, prefill, decode, device, q_decode):
+    """A mixed batch's attention as FlashInfer-style backends run it (vLLM's FlashInfer backend splits the batch into
+    its prefills and its decodes and runs a prefill and a decode wrapper): the prefill chunks through `general`, the
+    decodes through the fastest decode candidate (raced on the decode rows). The pool holds the prefills' K/V rows
+    first, then the decodes'. Returns (label, run(q))."""
+    bp = PackedBatch(torch, prefill, [], device)
+    bd = PackedBatch(torch, ([], []), decode, device)
+    run_p = general.prepare(k[:bp.total_k], v[:bp.total_k], bp)
+    kd, vd = k[bp.total_k:bp.total_k + bd.total_k], v[bp.total_k:bp.total_k + bd.total_k]
+    label_d, run_d = race(torch, decode_candidates, kd, vd, bd, q_decode)
+    n_pre = bp.total_q
+
+    def run(q):
+        return torch.cat([run_p(q[:n_pre]), run_d(q[n_pre:])], 0)
+    return f"split: {general.name} + {label_d}", run
 
 
 # -- split-KV decode attention (Triton): FlashDecoding's scheme, KV read once per KV head ---------------------------
 _DECODE = None
-MAX_SPLITS = 16
+MAX_SPLITS = 32
+BLOCK_N = 64                 # keys per step of the split-KV kernel; a split is a whole number of blocks
+PROGRAMS_PER_SM = 4          # (request, KV head, split) programs the split count aims for per SM
+
+
+def decode_splits(batch: int, kv_heads: int, max_k: int, sms: int, per_sm: int = PROGRAMS_PER_SM,
+                  max_splits: int = MAX_SPLITS) -> int:
+    """How many slices the split-KV kernel cuts each request's context into: enough programs for `per_sm` per SM
+    (few requests with long contexts otherwise leave SMs idle and each program walks the context alone, one block
+    after another), none shorter than one block of keys, at most max_splits. Grows with the context until the GPU is
+    full; 1 once the batch alone fills it."""
+    want = -(-per_sm * sms // max(1, batch * kv_heads))
+    by_len = -(-max(1, max_k) // BLOCK_N)
+    return int(max(1, min(max_splits, want, by_len)))
+
+
+def split_variants(batch: int, kv_heads: int, max_k: int, sms: int) -> list:
+    """The split counts raced on a GPU: the heuristic's, half and twice it (the previous rule, 2 programs per SM,
+    is among them), each within 1..min(MAX_SPLITS, blocks of the context)."""
+    by_len = -(-max(1, max_k) // BLOCK_N)
+    base = decode_splits(batch, kv_heads, max_k, sms)
+    out = {base}
+    for x in (base // 2, base * 2, decode_splits(batch, kv_heads, max_k, sms, per_sm=2, max_splits=16)):
+        out.add(int(max(1, min(MAX_SPLITS, by_len, x))))
+    return sorted(out)
 
 
 def _decode_kernels():
@@ -339,7 +402,7 @@ def _decode_kernels():
                        BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr):
         b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         start, length = tl.load(start_ptr + b), tl.load(len_ptr + b)
-        per = tl.cdiv(length, splits)
+        per = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N     # whole blocks; trailing splits may be empty
         lo = sp * per
         hi = tl.minimum(lo + per, length)
         g = tl.arange(0, GROUP_PAD)
@@ -400,17 +463,28 @@ class TritonSplitKvDecode(Attention):
         self.heads, self.sms = heads, sms
         self.tk = _decode_kernels()
 
-    def prepare(self, k, v, b):
+    def default_variant(self, b, kv_heads: int):
+        return decode_splits(len(b.k_lens), kv_heads, b.max_k, self.sms)
+
+    def variants(self, b, kv_heads: int):
+        return split_variants(len(b.k_lens), kv_heads, b.max_k, self.sms)
+
+    @staticmethod
+    def variant_label(splits):
+        return f"{splits} splits"
+
+    def prepare(self, k, v, b, splits: int | None = None):
         torch = self.torch
         if any(ql != 1 for ql in b.q_lens):
             raise ValueError("triton-split-kv-decode runs decode-only batches")
         B, Hkv, D = len(b.k_lens), k.shape[1], k.shape[-1]
         group = self.heads // Hkv
-        splits = int(max(1, min(MAX_SPLITS, -(-2 * self.sms // (B * Hkv)), -(-b.max_k // 64))))
+        splits = int(max(1, min(MAX_SPLITS, splits or self.default_variant(b, Hkv))))
         starts = torch.tensor(b.cu_k[:-1].tolist(), device=k.device, dtype=torch.int64)
         lens = torch.tensor(b.k_lens, device=k.device, dtype=torch.int64)
-        mid_o = torch.empty(B * self.heads * MAX_SPLITS, D, device=k.device, dtype=torch.float32)
-        mid_lse = torch.empty(B * self.heads * MAX_SPLITS, device=k.device, dtype=torch.float32)
+        spad = max(2, 1 << (splits - 1).bit_length())      # partials per (request, head), a power of two
+        mid_o = torch.empty(B * self.heads * spad, D, device=k.device, dtype=torch.float32)
+        mid_lse = torch.empty(B * self.heads * spad, device=k.device, dtype=torch.float32)
         scale = 1.0 / math.sqrt(D)
         gpad = max(16, 1 << (group - 1).bit_length())
         tk = self.tk
@@ -423,9 +497,9 @@ class TritonSplitKvDecode(Attention):
             out = torch.empty(B, heads, D, device=q.device, dtype=q.dtype)
             tk["partial"][(B, Hkv, splits)](q, k, v, starts, lens, mid_o, mid_lse, splits, q.stride(0), q.stride(1),
                                             k.stride(0), k.stride(1), scale, GROUP=group, GROUP_PAD=gpad, D=D,
-                                            BLOCK_N=64, SPLITS_PAD=MAX_SPLITS)
+                                            BLOCK_N=BLOCK_N, SPLITS_PAD=spad)
             tk["reduce"][(B, self.heads)](mid_o, mid_lse, out, splits, out.stride(0), out.stride(1), D=D,
-                                          SPLITS_PAD=MAX_SPLITS)
+                                          SPLITS_PAD=spad)
             return out
         return run
 

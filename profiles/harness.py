@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import csv
 import platform
+import re
 import time
 
 import numpy as np
 
 from costmodels.catalog import get_model
 from costmodels.errors import UserError
-from costmodels.profile_data import format_decode, format_prefill
+from costmodels.profile_data import MIXED_MODES, format_decode, format_prefill
 
 FIELDS = ("op", "num_tokens", "prefill", "decode", "time_ms", "time_ms_min", "time_ms_max", "repeats", "model", "tp",
           "dtype", "device", "device_name", "backend", "attention_impl", "torch_version", "numpy_version", "python_version",
-          "timing", "calls", "kernels_impl", "kernels")
+          "timing", "calls", "mixed_attention", "kernels_impl", "kernels")
 # timing: 'graph' (a CUDA graph of `calls` calls replayed; the time is per call), 'eager' (CUDA events around one Python
 # call: launch and dispatch included), 'cpu' (wall clock). kernels_impl: the harness's choice for the operator
 # (attention implementation, fused or torch elementwise kernel, grouped or looped experts, fp8); kernels: what the
-# profiler saw it launch.
+# profiler saw it launch. mixed_attention, on rows of batches with prefills and decodes: 'one-varlen' (one varlen call
+# over the whole batch, vLLM's FlashAttention backend) or 'split' (the prefills through it, the decodes through the
+# decode kernel, FlashInfer-style); empty elsewhere and for backends with one way only.
 
 
 # The backends and the layer live in their own modules; these names stay importable from here.
@@ -49,16 +52,34 @@ def grids(max_tokens: int, max_ctx: int, quick: bool, seed: int = 0, token_point
         for mean in means:   # each request draws its own context around the mean
             ctx = np.clip(rng.integers(mean // 2, mean * 3 // 2 + 1, b), 1, max_ctx).tolist()
             decode.append(ctx)
-    mixed = []
-    for _ in range(mixed_count or (6 if quick else 40)):
-        npre = int(rng.integers(0, 3))
+    mixed = mixed_batches(rng, chunks, ctxs, batches, max_ctx, max_tokens, mixed_count or (6 if quick else 40))
+    return tokens, prefill, decode, mixed
+
+
+def mixed_batches(rng, chunks, ctxs, batches, max_ctx, max_tokens, count, min_prefill: int = 0):
+    """Up to `count` batches of 0-2 prefill chunks (short cached contexts) and a batch of decodes with contexts drawn
+    uniformly: (chunks, contexts, decode contexts)."""
+    out = []
+    for _ in range(count):
+        npre = int(rng.integers(min_prefill, 3))
         pf = [(int(rng.choice(chunks)), int(rng.choice(ctxs[:3]))) for _ in range(npre)]
         pf = [(c, k) for c, k in pf if c + k <= max_ctx]
         b = int(rng.choice(batches))
         dc = np.clip(rng.integers(1, max_ctx // 2, b), 1, max_ctx).tolist()
-        if sum(c for c, _ in pf) + b <= max_tokens:
-            mixed.append(([c for c, _ in pf], [k for _, k in pf], dc))
-    return tokens, prefill, decode, mixed
+        if sum(c for c, _ in pf) + b <= max_tokens and len(pf) >= min_prefill:
+            out.append(([c for c, _ in pf], [k for _, k in pf], dc))
+    return out
+
+
+def mixed_attention_grid(max_tokens: int, max_ctx: int, quick: bool, count: int | None = None, seed: int = 2,
+                         max_batch: int | None = None):
+    """Mixed batches (at least one prefill chunk and one decode) for `attn_mixed` rows, from another seed than the
+    mixed layers and iterations, so the batches timed whole stay held out of what calibrate fits."""
+    rng = np.random.default_rng(seed)
+    chunks = sorted({c for c in (16, 64, 128, 256, 512, 1024, 2048) if c < max_tokens})
+    ctxs = sorted({k for k in (0, 64, 256, 512) if k < max_ctx})
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= (max_batch or (16 if quick else 256))]
+    return mixed_batches(rng, chunks, ctxs, batches, max_ctx, max_tokens, count or (6 if quick else 40), min_prefill=1)
 
 
 def decode_iterations(max_ctx: int, seed: int = 1):
@@ -76,11 +97,13 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
                 repeats: int | None = None, backend: str = "auto", quick: bool = False, log=None,
                 iterations: int = 12, kernels: str = "engine", timing: str = "graph", dtype: str | None = None,
                 attention: str | None = None, token_points: int | None = None, max_batch: int | None = None,
-                parts=PARTS, mixed_count: int | None = None) -> int:
+                parts=PARTS, mixed_count: int | None = None, mixed_attention_count: int | None = None) -> int:
     """Profile and write the CSV; returns the number of rows. `iterations` mixed batches are also timed as whole
     iterations (every layer, lm_head, sampling) for validation: on CUDA both graph-replayed and eager, recorded
     apart (column `timing`), plus pure-decode iterations replayed as graphs. MoE models get `moe_mlp` rows (the
-    routed experts as grouped GEMMs). `parts` picks what to time (PARTS)."""
+    routed experts as grouped GEMMs). `parts` picks what to time (PARTS). With the engine kernels a batch with
+    prefills and decodes is timed both ways an engine runs it (column mixed_attention), and `attn_mixed` rows time
+    the attention of other mixed batches (the decodes' cost inside the varlen call, which calibrate fits)."""
     bad = set(parts) - set(PARTS)
     if bad:
         raise UserError(f"profile parts: {', '.join(sorted(bad))} not among {', '.join(PARTS)}")
@@ -104,7 +127,9 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
     tokens, prefill, decode, mixed = grids(max_tokens, max_ctx, quick, token_points=token_points, max_batch=max_batch,
                                            mixed_count=mixed_count)
     dec_iters = decode_iterations(max_ctx) if be.engine and device == "cuda" and tp == 1 and iterations else []
-    spans = [sum(dc) for dc in decode] + [sum(c + k for c, k in zip(cs, ks)) + sum(dc) for cs, ks, dc in mixed]
+    mixed_attn = mixed_attention_grid(max_tokens, max_ctx, quick, mixed_attention_count, max_batch=max_batch)
+    spans = [sum(dc) for dc in decode] + [sum(c + k for c, k in zip(cs, ks)) + sum(dc)
+                                          for cs, ks, dc in mixed + mixed_attn]
     spans += [sum(dc) for dc in dec_iters] + [c + k for c, k in prefill]
     layer = Layer(model, tp, be, max_ctx, pool_tokens=max(spans))
     meta = dict(model=catalog_name, tp=tp, dtype=be.dtype, device=device, device_name=be.device_name, backend=be.name,
@@ -115,7 +140,7 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
         from profiles.timing import EagerCudaTimer
         eager_timer = EagerCudaTimer(be.torch)
 
-    def record(op, n, pf, dc, fn, impl_key=None, timer=None):
+    def record(op, n, pf, dc, fn, impl_key=None, timer=None, mixed=""):
         try:
             t = (timer or be.timer).time(fn, repeats)
         except Exception as e:   # noqa: BLE001 — on a GPU one shape a kernel refuses must not lose the whole profile
@@ -124,19 +149,19 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
             failed.append(f"{op} n={n}: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}")
             return
         impl = be.kernels_impl(impl_key or op)
-        key = (op, t.mode, impl)
+        key = (op, t.mode, re.sub(r" \(\d+ splits\)", "", impl))   # split counts share their kernels
         if key not in seen_kernels:   # which kernels ran: once per operator (the profiler costs ~0.1 s a call)
             seen_kernels[key] = _kernels(be, fn) if device == "cuda" else ""
         rows.append(dict(op=op, num_tokens=n, prefill=format_prefill(*pf) if pf else "", decode=format_decode(dc),
                          time_ms=t.median, time_ms_min=min(t.per_call_ms), time_ms_max=max(t.per_call_ms),
-                         repeats=repeats, **meta, timing=t.mode, calls=t.calls,
+                         repeats=repeats, **meta, timing=t.mode, calls=t.calls, mixed_attention=mixed,
                          kernels_impl=impl + (f" [{t.note}]" if t.note else ""),
                          kernels=seen_kernels[key]))
 
     say = (lambda s: print(s, file=log, flush=True)) if log else (lambda s: None)
     say(f"profile: {model.name} tp={tp} on {device} ({be.name}, {be.device_name}, {be.dtype}); kernels: "
         f"{'engine' if be.engine else be.attention_impl}, timing {be.timer.mode}; {len(tokens)} token counts, "
-        f"{len(prefill)} prefill, {len(decode)} decode, {len(mixed)} mixed shapes")
+        f"{len(prefill)} prefill, {len(decode)} decode, {len(mixed)} mixed shapes, {len(mixed_attn)} mixed attention")
     if be.engine:
         say(f"  attention: {be.attn.name} (tried: {'; '.join(f'{n} {o}' for n, o in be.attn_tried)}); "
             f"elementwise: {', '.join(f'{k} {v}' for k, v in be.el.impl.items())}")
@@ -148,14 +173,26 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
         record("attn_prefill", c, ([c], [k]), [], layer.attention_op(([c], [k]), []))
     for dc in decode if "attention" in parts else []:
         record("attn_decode", len(dc), None, dc, layer.attention_op(([], []), dc))
+
+    def ways(cs, dc):
+        """The engine's ways of running this batch's attention ('' where there is one)."""
+        return MIXED_MODES if be.engine and cs and dc else ("",)
+    for cs, ks, dc in mixed_attn if "attention" in parts else []:
+        for way in ways(cs, dc):
+            record("attn_mixed", sum(cs) + len(dc), (cs, ks), dc, layer.attention_op((cs, ks), dc, way or MIXED_MODES[0]),
+                   "attention", mixed=way)
     for cs, ks, dc in mixed if "layers" in parts else []:
-        record("layer_forward", sum(cs) + len(dc), (cs, ks), dc, layer.forward((cs, ks), dc), "mixed")
+        for way in ways(cs, dc):
+            record("layer_forward", sum(cs) + len(dc), (cs, ks), dc, layer.forward((cs, ks), dc, way or MIXED_MODES[0]),
+                   "mixed", mixed=way)
     if iterations and tp == 1 and "iterations" in parts:
         for cs, ks, dc in mixed[:iterations]:
-            fn = layer.iteration((cs, ks), dc)
-            record("iteration_forward", sum(cs) + len(dc), (cs, ks), dc, fn, "mixed")
-            if eager_timer is not None and be.timer.mode == "graph":
-                record("iteration_forward", sum(cs) + len(dc), (cs, ks), dc, fn, "mixed", timer=eager_timer)
+            for way in ways(cs, dc):
+                fn = layer.iteration((cs, ks), dc, way or MIXED_MODES[0])
+                record("iteration_forward", sum(cs) + len(dc), (cs, ks), dc, fn, "mixed", mixed=way)
+                if eager_timer is not None and be.timer.mode == "graph" and way in ("", MIXED_MODES[0]):
+                    record("iteration_forward", sum(cs) + len(dc), (cs, ks), dc, fn, "mixed", timer=eager_timer,
+                           mixed=way)
         for dc in dec_iters:
             record("iteration_forward", len(dc), None, dc, layer.iteration(([], []), dc), "mixed")
     if model.is_moe and be.engine and "moe" in parts:

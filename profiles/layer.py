@@ -2,6 +2,8 @@
 closures a backend (profiles.backends) runs and a timer (profiles.timing) times."""
 from __future__ import annotations
 
+from costmodels.profile_data import MIXED_MODES
+
 
 class Layer:
     """The weights and the operator closures of one tensor-parallel shard of one decoder layer. With an engine
@@ -114,9 +116,12 @@ class Layer:
     def prepared(self, prefill, decode):
         return self.be.prepare(self.kv_views(prefill, decode), prefill, decode, self.heads, self.kv_heads)
 
-    def packed(self, prefill, decode):
+    def packed(self, prefill, decode, mixed: str = "one-varlen"):
         """Engine layout: the batch's requests side by side at the start of the pool; (batch, run(q), new-token
-        slots in the pool). A decode-only batch takes the fastest working attention for its shape (raced)."""
+        slots in the pool). A decode-only batch takes the fastest working attention for its shape (raced). A mixed
+        batch runs as `mixed` says: 'one-varlen', one call of the general kernel over the whole batch (vLLM's
+        FlashAttention backend), or 'split', the prefills through it and the decodes through the fastest decode
+        kernel (FlashInfer-style backends)."""
         be = self.be
         b = be.ops.PackedBatch(be.torch, prefill, decode, be.dev)
         if b.total_k > self.pool:
@@ -125,17 +130,23 @@ class Layer:
         for ql, kl in zip(b.q_lens, b.k_lens):
             slots += range(off + kl - ql, off + kl)
             off += kl
+        if mixed not in MIXED_MODES:
+            raise ValueError(f"mixed attention {mixed!r} is not one of {', '.join(MIXED_MODES)}")
         if not prefill[0] and len(be.decode_candidates) > 1:
             q = be.randn(b.total_q, self.heads, self.d)
             be.last_attn, run = be.ops.race(be.torch, be.decode_candidates, self.kcache, self.vcache, b, q)
+        elif prefill[0] and decode and mixed == "split":
+            qd = be.randn(len(decode), self.heads, self.d)
+            be.last_attn, run = be.ops.split_mixed(be.torch, be.attn, be.decode_candidates, self.kcache, self.vcache,
+                                                   prefill, decode, be.dev, qd)
         else:
             be.last_attn, run = be.attn.name, be.attn.prepare(self.kcache, self.vcache, b)
         return b, run, be.torch.tensor(slots, device=be.dev)
 
-    def attention_op(self, prefill, decode):
+    def attention_op(self, prefill, decode, mixed: str = "one-varlen"):
         n = sum(prefill[0]) + len(decode)
         if self.be.engine:
-            _, run, _ = self.packed(prefill, decode)
+            _, run, _ = self.packed(prefill, decode, mixed)
             qkv = self.be.randn(n, self.q_w + 2 * self.kv_w)
             q = qkv[:, :self.q_w].view(n, self.heads, self.d)
             return lambda: run(q)
@@ -144,11 +155,11 @@ class Layer:
         return lambda: self.be.attention(q, prep, prefill, decode)
 
     # -- whole layers and iterations ---------------------------------------------------------------------------
-    def _engine_step(self, prefill, decode):
+    def _engine_step(self, prefill, decode, mixed: str = "one-varlen"):
         """step(x, res) → the layer's output; res (the residual stream) is updated in place, as in vLLM."""
         be, n = self.be, sum(prefill[0]) + len(decode)
         el = be.el
-        _, attn, slots = self.packed(prefill, decode)
+        _, attn, slots = self.packed(prefill, decode, mixed)
         pos = be.torch.arange(n, device=be.dev) % self.max_ctx
         q_w = self.q_w
         act = el.silu_mul if self.m.gated_mlp else be.F.gelu
@@ -161,12 +172,12 @@ class Layer:
             return self.gemm["down"](act(self.gemm["up"](h)))
         return step
 
-    def forward(self, prefill, decode):
+    def forward(self, prefill, decode, mixed: str = "one-varlen"):
         """A whole layer on a mixed batch (no emb): norm, QKV, RoPE, attention, O, add, norm, MLP, add."""
         be, n = self.be, sum(prefill[0]) + len(decode)
         t = self.inputs(n)
         if be.engine:
-            step = self._engine_step(prefill, decode)
+            step = self._engine_step(prefill, decode, mixed)
             return lambda: step(t["x"], t["res"])
         act = be.silu_mul if self.m.gated_mlp else be.gelu
         prep = self.prepared(prefill, decode)
@@ -182,7 +193,7 @@ class Layer:
             return r + be.matmul(act(be.matmul(be.rmsnorm(r, self.w_norm), self.w_up)), self.w_down)
         return run
 
-    def iteration(self, prefill, decode):
+    def iteration(self, prefill, decode, mixed: str = "one-varlen"):
         """A whole iteration on a mixed batch: embedding, every layer (this layer's weights, once per layer), the
         final norm, lm_head for the rows that sample (each prefill chunk's last token and every decode) and a
         greedy draw. One process: no all-reduce, so only tp 1 is recorded."""
@@ -192,7 +203,7 @@ class Layer:
         sample = len(prefill[0]) + len(decode)
         if be.engine:
             torch = be.torch
-            step = self._engine_step(prefill, decode)
+            step = self._engine_step(prefill, decode, mixed)
             res = be.randn(n, self.m.hidden)
             ends, off = [], 0
             for c in list(prefill[0]) + [1] * len(decode):

@@ -241,3 +241,73 @@ def test_gpu_check_dry_run_on_a_cpu_writes_the_report(tmp_path):
     assert (tmp_path / "tiny-profiled.yaml").exists()
 
 
+
+
+# -- a mixed batch both ways engines run it; the split-KV kernel's split count -------------------------------------
+def test_split_mixed_runs_prefills_and_decodes_apart_and_matches_the_reference():
+    """FlashInfer-style: the prefill chunks through the general kernel, the decodes through the decode kernel, over
+    one pool holding the prefills' K/V rows first; the same output as one call over the whole batch."""
+    b, q, k, v = _batch(prefill=([16, 8], [0, 24]), decode=(5, 40, 17, 130))
+    ok, _ = E.working_attentions(torch, "cpu", torch.float32)
+    label, run = E.split_mixed(torch, ok[0], ok, k, v, ([16, 8], [0, 24]), [5, 40, 17, 130], "cpu", q[b.total_q - 4:])
+    assert label == "split: sdpa-per-request + sdpa-per-request"
+    assert torch.allclose(run(q), E.reference_attention(torch, q, k, v, b), atol=1e-5)
+
+
+def test_engine_layer_times_a_mixed_batch_both_ways_and_they_agree():
+    from profiles.backends import make_backend
+    from profiles.layer import Layer
+    be = make_backend("cpu", "torch", "engine")
+    layer = Layer(get_model("tiny-llama"), 1, be, 128)
+    prefill, decode = ([5, 3], [0, 7]), [9, 2, 30]
+    outs = {}
+    for way in ("one-varlen", "split"):
+        b, run, _ = layer.packed(prefill, decode, way)
+        q = torch.randn(b.total_q, layer.heads, layer.d, generator=torch.Generator().manual_seed(3))
+        outs[way] = run(q)
+        assert be.last_attn.startswith("split: ") == (way == "split")
+    assert torch.allclose(outs["one-varlen"], outs["split"], atol=1e-5)
+    with pytest.raises(ValueError, match="not one of"):
+        layer.packed(prefill, decode, "both")
+
+
+def test_split_count_grows_with_the_context_until_the_gpu_is_full():
+    """Few requests with long contexts: more slices of the context (programs for every SM), none under one block of
+    keys, at most MAX_SPLITS; a batch that fills the GPU alone is not split."""
+    sms = 132
+    s = [E.decode_splits(1, 32, m, sms) for m in (1, 64, 65, 249, 1024, 2571, 8192)]
+    assert s == sorted(s) and s[0] == s[1] == 1 and s[2] == 2 and s[3] == 4
+    assert s[-1] == E.decode_splits(1, 32, 10 ** 6, sms) <= E.MAX_SPLITS
+    assert E.decode_splits(1, 32, 2571, sms) * 32 >= E.PROGRAMS_PER_SM * sms      # every SM gets its programs
+    assert E.decode_splits(256, 32, 2571, sms) == 1
+    assert E.decode_splits(1, 8, 2571, sms) >= E.decode_splits(1, 32, 2571, sms)  # fewer KV heads: more slices
+    # the race tries the heuristic, half and twice it and the first rule (2 programs per SM, at most 16)
+    v = E.split_variants(1, 32, 2571, sms)
+    assert E.decode_splits(1, 32, 2571, sms) in v and 9 in v and all(1 <= x <= E.MAX_SPLITS for x in v)
+    assert E.split_variants(1, 32, 40, sms) == [1]
+
+
+def test_split_kv_kernel_is_exact_for_every_split_count_under_the_interpreter():
+    """Splits are whole 64-key blocks, so a large count leaves trailing splits empty: the merge must ignore them."""
+    pytest.importorskip("triton")
+    code = """
+import torch
+from profiles import engine_ops as E
+g = torch.Generator().manual_seed(5)
+b = E.PackedBatch(torch, ([], []), [1, 70, 300, 64], "cpu")
+q = torch.randn(b.total_q, 8, 32, generator=g)
+k, v = (torch.randn(b.total_k, 2, 32, generator=g) for _ in range(2))
+ref = E.reference_attention(torch, q, k, v, b)
+impl = E.TritonSplitKvDecode(torch, 8, 4)
+errs = [float((impl.prepare(k, v, b, s)(q) - ref).abs().max()) for s in (1, 2, 3, 5, 7, 32)]
+label, run = E.race(torch, [impl], k, v, b, q)
+errs.append(float((run(q) - ref).abs().max()))
+print(label)
+print(max(errs))
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-500:]
+    label, err = r.stdout.strip().splitlines()[-2:]
+    assert label == f"triton-split-kv-decode ({E.decode_splits(4, 2, 300, 4)} splits)"
+    assert float(err) < 1e-4

@@ -117,6 +117,93 @@ def test_calibrating_the_committed_h200_rows_holds_out_whole_decode_iterations()
         assert ape[it["timing"] == "eager"].mean() > 0.20, model
 
 
+def test_pricing_mixed_decodes_inside_the_varlen_call_predicts_the_committed_mixed_iterations():
+    """Measured data: the committed run timed no attn_mixed rows, but its mixed layers (batches other than the whole
+    iterations') less the measured non-attention sum stand in for them. Fitted on those, the held-out mixed
+    iterations (decodes inside the varlen prefill call) are predicted far better than by the decode-kernel rows, and
+    the pure-decode iterations are untouched."""
+    from profiles.mixed_from_layers import compare
+    for model, tag in (("llama-2-7b", "l2-7b"), ("llama-3-8b", "l3-8b")):
+        r = compare(CHECKED / f"{tag}.csv", get_model(model), get_gpu("h200"))
+        b, a = r["before"], r["after"]
+        assert r["derived"] >= 8 and a["n"] == b["n"] and a["in_varlen"] and not b["in_varlen"]
+        assert b["mixed"] > 15 and a["mixed"] < b["mixed"] / 2, (model, b, a)
+        assert abs(a["pure_decode"] - b["pure_decode"]) < 1e-9
+        assert a["all"] < 5.0 < b["all"], (model, b, a)
+
+
+def _mixed_table(n_rows=24, seed=0):
+    """A synthetic profile: prefill rows and attn_mixed rows from known laws (decodes in the varlen call at 8 ns a
+    KV token plus 3 us a request), decode-kernel rows 4x cheaper."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    pre = lambda c, k: 1e-9 * (0.02 * c * k + 0.01 * c * c + 2 * c) + 5e-6      # noqa: E731
+    rows = []
+    for c in (16, 64, 128, 256, 512, 1024):
+        for k in (0, 256, 512):
+            rows.append(("attn_prefill", c, f"{c}:{k}", "", pre(c, k) * 1e3))
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        for mean in (128, 512, 1024, 2048):
+            m = rng.integers(mean // 2, mean * 3 // 2, b)
+            rows.append(("attn_decode", b, "", ";".join(map(str, m)), (2e-9 * m.sum() + 1e-6 * b + 4e-6) * 1e3))
+    for _ in range(n_rows):
+        c, k, b = int(rng.choice([64, 256, 512])), int(rng.choice([0, 256])), int(rng.choice([1, 4, 16, 64, 128]))
+        m = rng.integers(16, 2048, b)
+        t = pre(c, k) + 8e-9 * m.sum() + 3e-6 * b
+        rows.append(("attn_mixed", c + b, f"{c}:{k}", ";".join(map(str, m)), t * 1e3))
+    df = pd.DataFrame(rows, columns=["op", "num_tokens", "prefill", "decode", "time_ms"])
+    df["mixed_attention"] = ["one-varlen" if op == "attn_mixed" else "" for op in df["op"]]
+    return df
+
+
+def test_calibrate_learns_the_decodes_cost_inside_the_varlen_call_and_prices_each_way(tmp_path):
+    """attn_mixed rows fit decode.in_varlen; the model prices a mixed batch's decodes with it in mode one-varlen and
+    as decode-kernel rows in mode split; the simulator's fast path (time_from_sums) agrees with compute_time; the
+    fit survives a save and load."""
+    import numpy as np
+    from costmodels.base import BatchShape
+    from costmodels.calibrate import fit_decode, fit_mixed_decode, fit_prefill, predict_op
+    from costmodels.profiled import ProfiledCostModel
+    from costmodels.roofline import RooflineCostModel
+    t = _mixed_table()
+    model, gpu = get_model("llama-2-7b"), get_gpu("h200")
+    pre = fit_prefill(t)
+    c = fit_mixed_decode(t, pre)
+    mix = t[t["op"] == "attn_mixed"]
+    base = RooflineCostModel(model, gpu)
+    dense = {1: {"tokens": [1, 4096], "layer_ms": [0.1, 2.0]}}
+    keys = ("per_kv_token_s", "batch_half", "per_seq_s", "fixed_s", "batch_exp", "ctx_half")
+    decode = dict(zip(keys, fit_decode(t, model, gpu, context_half=True)))
+    decode["in_varlen"] = dict(zip(keys, c))
+    cm = ProfiledCostModel(dense, decode, dict(zip(("ck_s", "c2_s", "c_s", "k_s", "per_seq_s"), pre)), model, gpu)
+    assert cm.mixed_attention == "one-varlen" and base._dec_mixed is None
+    err = [abs(predict_op(cm, r) * 1e3 / r["time_ms"] - 1) for _, r in mix.iterrows()]
+    assert np.mean(err) < 0.03, np.mean(err)
+    shape = BatchShape([256], [0], [1500, 700, 30])
+    split = cm.in_mode("split")
+    assert split.batch_decode_attn_time(shape) == split.decode_attn_time(shape.decode_context)
+    assert cm.batch_decode_attn_time(shape) > 2 * split.batch_decode_attn_time(shape)    # 8 ns vs 2 ns a token
+    assert cm.compute_time(shape) > split.compute_time(shape)
+    assert cm.batch_decode_attn_time(BatchShape([], [], [1500])) == split.batch_decode_attn_time(BatchShape([], [], [1500]))
+    assert cm.time_from_sums(259, 1, 256 * 256, 0, 0, 3, 2230) == cm.compute_time(shape)
+    cm.save(tmp_path / "m.yaml")
+    back = ProfiledCostModel.load(tmp_path / "m.yaml", model, gpu)
+    # the file keeps 6 significant digits
+    assert back.mixed_attention == "one-varlen" and back.compute_time(shape) == pytest.approx(cm.compute_time(shape),
+                                                                                              rel=1e-5)
+    assert ProfiledCostModel.load(tmp_path / "m.yaml", model, gpu, mixed_attention="split").compute_time(shape) == \
+        pytest.approx(split.compute_time(shape), rel=1e-5)
+
+
+def test_a_bad_mixed_attention_value_is_one_line(tmp_path):
+    from costmodels.profile_data import read_profile
+    t = _mixed_table(4)
+    t.loc[t.index[-1], "mixed_attention"] = "both"
+    t.to_csv(tmp_path / "p.csv", index=False)
+    with pytest.raises(UserError, match=r"p.csv: row \d+: mixed_attention 'both' is not one of one-varlen, split"):
+        read_profile(tmp_path / "p.csv")
+
+
 def test_profile_check_cli_prints_the_family_table(capsys):
     from sim.cli import main
     assert main(["profile", "--check", "--from", str(CHECKED / "mixtral-moe.csv")]) == 0
