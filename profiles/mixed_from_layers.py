@@ -33,16 +33,19 @@ def derived_mixed_rows(table: pd.DataFrame, model, gpu) -> pd.DataFrame:
     return out[out["time_ms"] > 0]
 
 
-def iteration_errors(paths, model, gpu, seed: int = 0) -> dict:
-    """Held-out graph-timed whole iterations under calibrate's contiguous-block split: MAPE of all, of the pure-decode
-    ones and of the mixed ones, and each mixed iteration's signed error (%)."""
+def iteration_errors(paths, model, gpu, seed: int = 0, mode: str | None = None) -> dict:
+    """Held-out whole iterations (graph-replayed; eager ones left out) under calibrate's contiguous-block split: MAPE of all, of the pure-decode
+    ones and of the mixed ones, and each mixed iteration's signed error (%). `mode`: only the mixed iterations the
+    harness ran that way (column mixed_attention), each priced that way."""
     from costmodels.calibrate import fit, predict_op, refuse_eager, split_contiguous
     from costmodels.profile_data import read_profiles
     table = read_profiles(paths)
     refuse_eager(table)
     train, test = split_contiguous(table, 0.25, seed)
     cm = fit("profiled", train, model, gpu)
-    it = test[(test["op"] == "iteration_forward") & (test["timing"] == "graph")]
+    it = test[(test["op"] == "iteration_forward") & (test["timing"] != "eager")]     # graph (cpu on a CPU)
+    if mode and "mixed_attention" in it:
+        it = it[it["mixed_attention"].isin((mode, ""))]
     y = it["time_ms"].to_numpy(float)
     p = np.array([1e3 * predict_op(cm, r) for _, r in it.iterrows()])
     err = 100 * (p / y - 1)

@@ -234,7 +234,10 @@ def test_gpu_check_dry_run_on_a_cpu_writes_the_report(tmp_path):
                  "--out", str(tmp_path)]) == 0
     report = (tmp_path / "report.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert "## Check" in report and "## calibrate tiny-llama" in report
+    assert "## Check" in report and "## calibrate tiny-llama" in report and "## Acceptance" in report
+    # a mixed batch timed both ways an engine runs it, each held out against the model priced that way
+    assert set(summary["acceptance"]["iterations"]["tiny-llama"]) == {"one-varlen", "split"}
+    assert {"one-varlen", "split"} <= set(pd.read_csv(tmp_path / "tiny.csv")["mixed_attention"].dropna())
     assert not any(str(v).startswith("failed") for v in summary["stages_s"].values()), summary["stages_s"]
     assert summary["timing_modes"] == {"cpu": len(pd.read_csv(tmp_path / "tiny.csv"))}
     assert math.isfinite(summary["calibrate"]["tiny-llama"]["other (sum of non-attention ops)"])
