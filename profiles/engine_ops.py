@@ -362,7 +362,7 @@ def split_mixed(torch, general, decode_candidates, k, v, prefill, decode, device
 
 # -- split-KV decode attention (Triton): FlashDecoding's scheme, KV read once per KV head ---------------------------
 _DECODE = None
-MAX_SPLITS = 32
+MAX_SPLITS = 64
 BLOCK_N = 64                 # keys per step of the split-KV kernel; a split is a whole number of blocks
 PROGRAMS_PER_SM = 4          # (request, KV head, split) programs the split count aims for per SM
 
@@ -379,13 +379,16 @@ def decode_splits(batch: int, kv_heads: int, max_k: int, sms: int, per_sm: int =
 
 
 def split_variants(batch: int, kv_heads: int, max_k: int, sms: int) -> list:
-    """The split counts raced on a GPU: the heuristic's, half and twice it (the previous rule, 2 programs per SM,
-    is among them), each within 1..min(MAX_SPLITS, blocks of the context)."""
+    """The split counts raced on a GPU: the heuristic's, half and twice it, the first rule (2 programs per SM, at
+    most 16), and one block per split where that stays within 16 programs per SM (what FlashDecoding-style kernels
+    reach for one long request); each within 1..min(MAX_SPLITS, blocks of the context)."""
     by_len = -(-max(1, max_k) // BLOCK_N)
     base = decode_splits(batch, kv_heads, max_k, sms)
     out = {base}
     for x in (base // 2, base * 2, decode_splits(batch, kv_heads, max_k, sms, per_sm=2, max_splits=16)):
         out.add(int(max(1, min(MAX_SPLITS, by_len, x))))
+    if batch * kv_heads * by_len <= 16 * sms:
+        out.add(int(min(MAX_SPLITS, by_len)))
     return sorted(out)
 
 

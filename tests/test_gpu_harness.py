@@ -302,7 +302,7 @@ q = torch.randn(b.total_q, 8, 32, generator=g)
 k, v = (torch.randn(b.total_k, 2, 32, generator=g) for _ in range(2))
 ref = E.reference_attention(torch, q, k, v, b)
 impl = E.TritonSplitKvDecode(torch, 8, 4)
-errs = [float((impl.prepare(k, v, b, s)(q) - ref).abs().max()) for s in (1, 2, 3, 5, 7, 32)]
+errs = [float((impl.prepare(k, v, b, s)(q) - ref).abs().max()) for s in (1, 2, 3, 5, 7, 32, 64)]
 label, run = E.race(torch, [impl], k, v, b, q)
 errs.append(float((run(q) - ref).abs().max()))
 print(label)
