@@ -174,7 +174,8 @@ class ProfiledCostModel(RooflineCostModel):
                               if self.decode_fit.get("small_batch") else {}),
                            **({"in_varlen": {k: r(v) for k, v in self.decode_fit["in_varlen"].items()}}
                               if self.decode_fit.get("in_varlen") else {})},
-                "mixed_attention": self.mixed_attention,
+                # files without the in-varlen fit price mixed batches one way only: they stay as they were
+                **({"mixed_attention": self.mixed_attention} if self.decode_fit.get("in_varlen") else {}),
                 "prefill": {k: r(self.prefill_fit[k]) for k in PREFILL_KEYS},
                 "provenance": self.provenance}
 
