@@ -18,7 +18,11 @@ TP2, Llama-3.1-70B TP4, Llama-4-Scout FP8 TP2); Yi-34B is never trained on.
 Per host: `--base vllm --preset vllm-a100-80gb --params step_s --train ...` refits only the named parameters on
 one GPU class's runs, the rest taken from the base preset, and writes the result as its own preset (validate uses
 `vllm-<gpu>` for that GPU's experiments where it exists). `--loo` fits once per training run on the others and
-prints each run's error from the fit that did not see it (nothing is written but the JSON of --out)."""
+prints each run's error from the fit that did not see it (nothing is written but the JSON of --out).
+
+`--loo-all` holds out every run of the folder: a run the shipped `vllm` preset was not fitted on is predicted by that
+preset; a run it was fitted on, by a refit on the preset's other training runs (the same parameters); medians per
+group (dense, MoE, each TP, each GPU) are printed over all of them."""
 from __future__ import annotations
 
 import argparse
@@ -38,7 +42,7 @@ PARAMS = {"step_s": (1e-3, 0.6, 0, 50), "per_seq_s": (1e-5, 1.6, 0, 100), "front
           "frontend_per_token_s": (1e-5, 1.0, 0, 100),
           "frontend_steps": (1.0, 0.5, 0, 4.0), "kernel_overhead_scale": (1.0, 0.3, 0, 1.0),
           "decode_attention_scale": (1.0, 1.7, 0.5, 3.0), "allreduce_per_byte_scale": (1.0, 0.5, 0.0, 1.0),
-          "moe_gemm_scale": (1.0, 1.1, 0.5, 2.0)}
+          "moe_gemm_scale": (1.0, 1.0, 0.5, 2.0)}
 DEFAULT_FIT = ("step_s", "frontend_s", "frontend_per_token_s", "frontend_steps", "kernel_overhead_scale",
                "decode_attention_scale", "allreduce_per_byte_scale", "moe_gemm_scale")
 
@@ -60,11 +64,14 @@ def objective(x, rows, workloads, jobs, names, base=None):
     return np.array(res)
 
 
-def fit(rows, workloads, names, jobs, base=None):
-    """Least squares on the relative errors of mean e2e, TTFT and ITL of `rows`; returns (fitted, residuals)."""
+def fit(rows, workloads, names, jobs, base=None, neutral_start=False):
+    """Least squares on the relative errors of mean e2e, TTFT and ITL of `rows`; returns (fitted, residuals).
+    A refit starts from the shipped values where they exist; a leave-one-out fit (neutral_start) from PARAMS'
+    starts, since the shipped values were fitted on the run it holds out (a parameter no training run moves, such
+    as moe_gemm_scale without an MoE run, would otherwise keep the held-out run's value)."""
     from scipy.optimize import least_squares
     from costmodels.base import overhead_presets
-    start = overhead_presets().get(base or "vllm", {})      # a refit starts from the shipped values where they exist
+    start = {} if neutral_start else overhead_presets().get(base or "vllm", {})
     x0 = [min(max(start.get(k, PARAMS[k][1] * PARAMS[k][0]) / PARAMS[k][0], PARAMS[k][2]), PARAMS[k][3])
           for k in names]
     lo, hi = [PARAMS[k][2] for k in names], [PARAMS[k][3] for k in names]
@@ -78,7 +85,7 @@ def leave_one_out(rows, workloads, names, jobs, base=None) -> list:
     from study.validate import run_experiment
     out = []
     for i, row in enumerate(rows):
-        fitted, _ = fit(rows[:i] + rows[i + 1:], workloads, names, jobs, base)
+        fitted, _ = fit(rows[:i] + rows[i + 1:], workloads, names, jobs, base, neutral_start=True)
         rec = run_experiment(row, workloads, {"preset": base, **fitted} if base else fitted)
         rec["fitted_without_it"] = fitted
         print(f"{rec['exp_id']:>6} {rec['model'][:36]:<36} tp{rec['tp']} fit {fitted}: APE e2e "
@@ -86,6 +93,33 @@ def leave_one_out(rows, workloads, names, jobs, base=None) -> list:
               f"{rec['ape_pct']['itl_mean']:.1f}", flush=True)
         out.append(rec)
     return out
+
+
+def leave_all_out(exps, workloads, jobs, preset="vllm") -> list:
+    """Every run of the folder predicted by a fit that did not see it (module docstring, --loo-all)."""
+    from costmodels.base import overhead_presets
+    prov = overhead_presets()[preset].get("provenance", {})
+    train = [str(x) for x in prov.get("fit_experiments", [])]
+    names = list(prov.get("fitted_parameters", DEFAULT_FIT))
+    rows = {str(r["exp_id"]): r for _, r in exps.iterrows()}
+    unseen = [x for x in rows if x not in train]
+    recs = []
+    if unseen:
+        from study.executors import run_tasks
+        tasks = [(run_experiment, (rows[x], workloads, preset), x) for x in unseen]
+        recs = [r for _, r in run_tasks(tasks, jobs=jobs)] if jobs > 1 else [run_experiment(*t[1]) for t in tasks]
+        for r in recs:
+            r["predicted_by"] = f"preset {preset} (fitted on {', '.join(train)})"
+    train_rows = [rows[x] for x in train if x in rows]
+    for i, row in enumerate(train_rows):
+        others = train_rows[:i] + train_rows[i + 1:]
+        fitted, _ = fit(others, workloads, names, jobs, neutral_start=True)
+        rec = run_experiment(row, workloads, fitted)
+        rec["predicted_by"] = f"refit of {', '.join(names)} on {', '.join(str(r['exp_id']) for r in others)}"
+        rec["fitted_without_it"] = fitted
+        recs.append(rec)
+    order = {x: i for i, x in enumerate(rows)}
+    return sorted(recs, key=lambda r: order[r["exp_id"]])
 
 
 def main(argv=None) -> int:
@@ -97,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--base", help="preset the unfitted parameters come from (default: none, zeros)")
     ap.add_argument("--preset", default="vllm", help="name to write the fit under (default: vllm)")
     ap.add_argument("--loo", action="store_true", help="leave-one-out errors only; writes nothing but --out")
+    ap.add_argument("--loo-all", action="store_true", help="every run of the folder held out: the shipped preset "
+                    "for runs it did not see, a refit without it for each of its training runs; writes only --out")
     ap.add_argument("--out", help="JSON of the leave-one-out records and medians")
     args = ap.parse_args(argv)
     train = [t.strip() for t in args.train.split(",")]
@@ -106,6 +142,18 @@ def main(argv=None) -> int:
     bad = set(names) - set(PARAMS)
     if bad:
         raise SystemExit(f"--params: unknown {', '.join(sorted(bad))}; allowed: {', '.join(PARAMS)}")
+    if args.loo_all:
+        import json
+        from study.validate import format_report, summarize
+        recs = leave_all_out(exps, workloads, args.jobs)
+        result = {"experiments": recs, "summary": summarize(recs, fitted=[]), "fit_experiments": [],
+                  "kv": "measured"}
+        print(format_report(result).replace("groups below: held-out experiments only",
+                                            "every experiment held out (--loo-all)"))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return 0
     if args.loo:
         import json
         recs = leave_one_out(rows, workloads, names, args.jobs, args.base)
