@@ -21,8 +21,9 @@ one GPU class's runs, the rest taken from the base preset, and writes the result
 prints each run's error from the fit that did not see it (nothing is written but the JSON of --out).
 
 `--loo-all` holds out every run of the folder: a run the shipped `vllm` preset was not fitted on is predicted by that
-preset; a run it was fitted on, by a refit on the preset's other training runs (the same parameters); medians per
-group (dense, MoE, each TP, each GPU) are printed over all of them."""
+preset; a run it was fitted on, by a refit of the same parameters on the preset's other training runs (Gauss-Newton
+with one Jacobian, `chord_refits`: a full fit per fold costs hours on two cores); medians per group (dense, MoE,
+each TP, each GPU) are printed over all of them."""
 from __future__ import annotations
 
 import argparse
@@ -95,28 +96,82 @@ def leave_one_out(rows, workloads, names, jobs, base=None) -> list:
     return out
 
 
-def leave_all_out(exps, workloads, jobs, preset="vllm") -> list:
-    """Every run of the folder predicted by a fit that did not see it (module docstring, --loo-all)."""
+def _residuals(rows, workloads, over, jobs) -> np.ndarray:
+    """Relative errors (e2e, TTFT, ITL means) of `rows` simulated with the overheads `over`, one row per run."""
+    from study.executors import run_tasks
+    tasks = [(run_experiment, (row, workloads, over), i) for i, row in enumerate(rows)]
+    recs = dict(run_tasks(tasks, jobs=jobs))
+    return np.array([[(recs[i]["predicted_ms"][k] - recs[i]["measured_ms"][k]) / recs[i]["measured_ms"][k]
+                      for k in ("e2e_mean", "ttft_mean", "itl_mean")] for i in range(len(rows))])
+
+
+def chord_refits(rows, workloads, names, jobs, point: dict, steps: int = 2, log=None) -> list:
+    """For each run of `rows`, a least-squares fit of `names` on the other runs, by Gauss-Newton with one Jacobian
+    (the chord method): the Jacobian of every run's relative errors is taken once at `point` (forward differences
+    of 5% of each parameter's scale, as `fit` takes them), then each held-out fold solves the bounded linear
+    problem on its own runs and re-simulates them `steps` times. A parameter none of the fold's runs moves (zero
+    column: moe_gemm_scale without an MoE run) is set to its neutral start (PARAMS), never kept at `point`, which
+    was fitted with the held-out run. Cost: (len(names) + 1 + folds·steps) simulations per run instead of a full
+    fit per fold. Returns one dict per run: the fold's parameters and its training RMS at `point` and after."""
+    from scipy.optimize import lsq_linear
+    scale = np.array([PARAMS[k][0] for k in names])
+    x0 = np.array([point[k] for k in names]) / scale
+    lo, hi = np.array([PARAMS[k][2] for k in names]), np.array([PARAMS[k][3] for k in names])
+    r0 = _residuals(rows, workloads, point, jobs)                        # runs x 3
+    jac = np.zeros(r0.shape + (len(names),))
+    for j, k in enumerate(names):
+        h = 0.05 * max(abs(x0[j]), PARAMS[k][1])
+        over = {**point, k: float((x0[j] + h) * scale[j])}
+        jac[:, :, j] = (_residuals(rows, workloads, over, jobs) - r0) / h
+        if log:
+            print(f"jacobian column {k} done", file=log, flush=True)
+    out = []
+    for i in range(len(rows)):
+        keep = [m for m in range(len(rows)) if m != i]
+        J = jac[keep].reshape(-1, len(names))
+        moved = np.abs(J).max(axis=0) > 1e-9
+        x = x0.copy()
+        x[~moved] = [PARAMS[k][1] for k, mv in zip(names, moved) if not mv]
+        fold = [rows[m] for m in keep]
+        r = r0[keep].reshape(-1) if moved.all() else None
+        rms0 = float(np.sqrt(np.mean(r0[keep] ** 2)))
+        for _ in range(steps):
+            if r is None:
+                r = _residuals(fold, workloads, dict(zip(names, map(float, x * scale))), jobs).reshape(-1)
+            sol = lsq_linear(J[:, moved], -r, bounds=(lo[moved] - x[moved], hi[moved] - x[moved]))
+            x[moved] = x[moved] + sol.x
+            r = None
+        fitted = dict(zip(names, map(float, x * scale)))
+        rms = float(np.sqrt(np.mean(_residuals(fold, workloads, fitted, jobs) ** 2)))
+        out.append({"fitted": fitted, "train": [str(r["exp_id"]) for r in fold], "train_rms_at_point": rms0,
+                     "train_rms_after": rms})
+        if log:
+            print(f"fold without {rows[i]['exp_id']}: training RMS {rms0:.4f} -> {rms:.4f}", file=log, flush=True)
+    return out
+
+
+def leave_all_out(exps, workloads, jobs, preset="vllm", steps=2, log=None) -> list:
+    """Every run of the folder predicted by a fit that did not see it (module docstring, --loo-all): the runs the
+    preset was not fitted on by the preset, each of its training runs by a chord refit on its other ones."""
     from costmodels.base import overhead_presets
-    prov = overhead_presets()[preset].get("provenance", {})
+    from study.executors import run_tasks
+    shipped = overhead_presets()[preset]
+    prov = shipped.get("provenance", {})
     train = [str(x) for x in prov.get("fit_experiments", [])]
     names = list(prov.get("fitted_parameters", DEFAULT_FIT))
     rows = {str(r["exp_id"]): r for _, r in exps.iterrows()}
     unseen = [x for x in rows if x not in train]
-    recs = []
-    if unseen:
-        from study.executors import run_tasks
-        tasks = [(run_experiment, (rows[x], workloads, preset), x) for x in unseen]
-        recs = [r for _, r in run_tasks(tasks, jobs=jobs)] if jobs > 1 else [run_experiment(*t[1]) for t in tasks]
-        for r in recs:
-            r["predicted_by"] = f"preset {preset} (fitted on {', '.join(train)})"
+    tasks = [(run_experiment, (rows[x], workloads, preset), x) for x in unseen]
+    recs = [r for _, r in run_tasks(tasks, jobs=jobs)]
+    for r in recs:
+        r["predicted_by"] = f"preset {preset} (fitted on {', '.join(train)})"
     train_rows = [rows[x] for x in train if x in rows]
-    for i, row in enumerate(train_rows):
-        others = train_rows[:i] + train_rows[i + 1:]
-        fitted, _ = fit(others, workloads, names, jobs, neutral_start=True)
-        rec = run_experiment(row, workloads, fitted)
-        rec["predicted_by"] = f"refit of {', '.join(names)} on {', '.join(str(r['exp_id']) for r in others)}"
-        rec["fitted_without_it"] = fitted
+    point = {k: float(shipped[k]) for k in names}
+    folds = chord_refits(train_rows, workloads, names, jobs, point, steps, log) if len(train_rows) > 1 else []
+    for row, fold in zip(train_rows, folds):
+        rec = run_experiment(row, workloads, fold["fitted"])
+        rec["predicted_by"] = f"refit of {', '.join(names)} on {', '.join(fold['train'])}"
+        rec["fitted_without_it"] = fold
         recs.append(rec)
     order = {x: i for i, x in enumerate(rows)}
     return sorted(recs, key=lambda r: order[r["exp_id"]])
@@ -145,7 +200,7 @@ def main(argv=None) -> int:
     if args.loo_all:
         import json
         from study.validate import format_report, summarize
-        recs = leave_all_out(exps, workloads, args.jobs)
+        recs = leave_all_out(exps, workloads, args.jobs, log=sys.stderr)
         result = {"experiments": recs, "summary": summarize(recs, fitted=[]), "fit_experiments": [],
                   "kv": "measured"}
         print(format_report(result).replace("groups below: held-out experiments only",
