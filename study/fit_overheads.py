@@ -186,6 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--loo", action="store_true", help="leave-one-out errors only; writes nothing but --out")
     ap.add_argument("--loo-all", action="store_true", help="true leave-one-out: each run of the folder predicted by a "
                     "refit on all the others (chord method from the shipped preset); writes only --out")
+    ap.add_argument("--steps", type=int, default=2, help="--loo-all: Gauss-Newton steps per fold (default 2)")
     ap.add_argument("--out", help="JSON of the leave-one-out records and medians")
     args = ap.parse_args(argv)
     train = [t.strip() for t in args.train.split(",")]
@@ -198,7 +199,9 @@ def main(argv=None) -> int:
     if args.loo_all:
         import json
         from study.validate import format_report, summarize
-        recs = leave_all_out(exps, workloads, args.jobs, log=sys.stderr)
+        if args.steps < 1:
+            raise SystemExit(f"--steps: must be at least 1, got {args.steps}")
+        recs = leave_all_out(exps, workloads, args.jobs, steps=args.steps, log=sys.stderr)
         result = {"experiments": recs, "summary": summarize(recs, fitted=[]), "fit_experiments": [],
                   "kv": "measured"}
         print(format_report(result).replace("groups below: held-out experiments only",
