@@ -50,14 +50,18 @@ def _scn(**lora):
                      "output": {"dist": "uniform", "low": 20, "high": 200}}})
 
 
-def test_batches_keep_to_max_loras_and_every_request_completes():
-    sim = build_simulation(_scn())
+@pytest.mark.parametrize("fast", [True, False])
+def test_batches_keep_to_max_loras_and_every_request_completes(fast):
+    scn = _scn()
+    scn.sim.fast_forward = fast
+    sim = build_simulation(scn)
     seen = []
     inner = sim.policy.schedule
 
     def schedule(view):
         b = inner(view)
-        seen.append(len({r.adapter for r in b.reqs if r.adapter >= 0}))
+        members = {r.adapter for r in view.running if r.cohort is not None} if b.cohort else set()   # the cohort's
+        seen.append(len(({r.adapter for r in b.reqs} | members) - {-1}))
         return b
     sim.policy.schedule = schedule
     res = sim.run()

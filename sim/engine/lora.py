@@ -15,7 +15,10 @@ What vLLM does (v1 scheduler and its LoRA worker manager), as modelled here:
 - every step pays the adapters' GEMMs (Punica's shrink and expand on q, k, v, o, gate, up and down of every
   layer): 2 × tokens × rank × Σ(in + out) FLOPs, or reading each distinct adapter's weights once, whichever is
   slower, at the GPU's datasheet peaks (no fitted efficiency).
-The exact fast paths (decode cohort, closed-form stretches) are off with LoRA: every step's adapters matter."""
+On the exact fast paths (decode cohort, closed-form stretches) a steady decode step runs the same running set, so
+its adapters are constant between admissions and completions: a stretch is taken only when they are all resident
+(a step that must load one runs the plain way), its GEMM time is added to every skipped step, and the counters
+and LRU orders end as the plain steps would leave them (resident_time, charge_steps)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -134,6 +137,11 @@ class LoRA:
     def step_time(self, batch) -> float:
         """Seconds a step's adapters add: loads of those not in a GPU slot, then their GEMMs."""
         active = {r.adapter for r in batch.reqs if r.adapter >= 0}
+        tokens = sum(c for r, c in zip(batch.reqs, batch.tokens) if r.adapter >= 0)
+        return self.charge(active, tokens)
+
+    def charge(self, active: set, tokens: int) -> float:
+        """step_time for a step whose requests name the adapters `active`, with `tokens` tokens on adapters."""
         if not active:
             return 0.0
         if len(active) > self.max_loras:
@@ -154,15 +162,46 @@ class LoRA:
             t += self._load(a)
             slots[a] = None
         self.load_time_s += t
-        tokens = sum(c for r, c in zip(batch.reqs, batch.tokens) if r.adapter >= 0)
-        compute = 0.0
-        if self.gpu is not None:
-            compute = max(tokens * self.flops_per_token / self.gpu.peak_flops,
-                          len(active) * self.bytes / self.gpu.hbm_bytes_per_s)
+        compute = self._compute(active, tokens)
         self.compute_time_s += compute
         self.steps += 1
         self.adapters_in_steps += len(active)
         return t + compute
+
+    def _compute(self, active, tokens) -> float:
+        if self.gpu is None:
+            return 0.0
+        return max(tokens * self.flops_per_token / self.gpu.peak_flops,
+                   len(active) * self.bytes / self.gpu.hbm_bytes_per_s)
+
+    # -- the exact fast paths: steady decode steps repeat one step's adapter set ---------------------------------
+    def resident_time(self, active: set, tokens: int):
+        """What charge() would return, changing nothing, when every adapter in `active` is in a GPU slot (no load);
+        None when one is not (the plain step loads it)."""
+        if not active:
+            return 0.0
+        slots = self.slots
+        for a in active:
+            if a not in slots:
+                return None
+        return self._compute(active, tokens)
+
+    def charge_steps(self, active: set, compute: float, k: int) -> None:
+        """Record k steps with the resident adapters `active`, each costing `compute`, as k charge() calls would:
+        the LRU orders after one such step stay put after the next, and the time is summed step by step."""
+        if not active or k <= 0:
+            return
+        slots, host = self.slots, self.host
+        for a in sorted(active):
+            slots.move_to_end(a)
+            if a in host:
+                host.move_to_end(a)
+        total = self.compute_time_s
+        for _ in range(k):
+            total += compute
+        self.compute_time_s = total
+        self.steps += k
+        self.adapters_in_steps += len(active) * k
 
     def reserved_bytes(self) -> float:
         """GPU memory the adapter slots take (per GPU)."""
