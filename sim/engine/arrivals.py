@@ -134,12 +134,18 @@ class SessionClock(ArrivalClock):
                 self._deliver(before_replica=self.static_time != s)
 
     def wake(self) -> float:
+        """The idle replica resumes after the first event at t and every other already scheduled at t (SimPy
+        processes those before the resumption the first one triggers), in their order."""
         t = self.time
-        if self._timer_first():
-            self._fire()
-        else:
-            self._deliver(before_replica=True)
-        return t
+        static_pending = self.static_time == t
+        while True:
+            if self.timers and self.timers[0][0] == t and (not static_pending or self._timer_first()):
+                self._fire()
+            elif static_pending:
+                self._deliver(before_replica=True)
+                static_pending = False
+            else:
+                return t
 
     def _fire(self) -> None:
         import heapq
