@@ -2,7 +2,8 @@
 table, with the invariants every run must keep. Prints the counts and writes JSON.
 
 A case draws 2-8 replicas (or a prefill:decode split), a router (every registered one), prefix caching on or off,
-a CPU tier, a policy, a KV budget and a workload (gamma bursts, or shared prefixes when caching is on). Checked:
+a CPU tier, a policy, a KV budget and a workload (gamma bursts, or shared prefixes when caching is on); on a serve
+pool, some cases run closed-loop sessions or multi-LoRA (often with their affinity routers). Checked:
 fast == plain (request, iteration and replica tables, bit for bit), exact output tokens, nothing lost or
 duplicated, KV <= M on every replica, every router ledger empty at the end, TTFT <= e2e and TPOT >= 0.
 
@@ -19,6 +20,7 @@ import pandas as pd
 
 POLICIES = ("vllm-v1", "vllm", "sarathi", "orca", "vllm-v0", "rank-o", "lightllm")
 CACHING_POLICIES = ("vllm-v1", "vllm", "sarathi")       # prefix caching needs the paged KV manager
+LORA_POLICIES = ("vllm-v1", "sarathi")                  # those that apply vLLM's max_loras rule
 
 
 def random_case(rng: np.random.Generator) -> dict:
@@ -48,8 +50,25 @@ def random_case(rng: np.random.Generator) -> dict:
                                       "decode_router": str(rng.choice(sorted(ROUTERS)))}, "router": router}
     else:
         cluster = {"replicas": int(rng.integers(2, 9)), "router": router}
-    return {"name": "prop", "seed": int(rng.integers(0, 1000)), "memory": memory, "policy": {"name": policy},
-            "workload": wl, "costmodel": {"kind": "linear"}, "cluster": cluster}
+    raw = {"name": "prop", "seed": int(rng.integers(0, 1000)), "memory": memory, "policy": {"name": policy},
+           "workload": wl, "costmodel": {"kind": "linear"}, "cluster": cluster}
+    # drawn last, so the cases above stay what they were: closed-loop sessions or multi-LoRA on a serve pool
+    extra = rng.random()
+    if "replicas" in cluster and extra < 0.15:
+        raw["workload"] = {"kind": "multi_turn", "closed_loop": True, "conversations": int(rng.integers(5, 25)),
+                           "start": {"process": "poisson", "rate": float(rng.uniform(1, 20))},
+                           "turns": {"dist": "uniform", "low": 1, "high": 5}, "system_prompt_len": int(rng.integers(0, 400)),
+                           "user_tokens": int(rng.integers(8, 120)), "output": int(rng.integers(4, 120)),
+                           "think": str(rng.choice(["exponential", "constant"])),
+                           "think_time_s": float(rng.choice([0.0, 0.05, 1.0])), "max_model_len": 4096}
+        if rng.random() < 0.5:
+            cluster["router"] = "session_affinity"
+    elif "replicas" in cluster and extra < 0.3 and policy in LORA_POLICIES:
+        raw["lora"] = {"adapters": int(rng.integers(1, 12)), "max_loras": int(rng.integers(1, 4)),
+                       "base_fraction": float(rng.choice([0.0, 0.3]))}
+        if rng.random() < 0.5:
+            cluster["router"] = "lora_affinity"
+    return raw
 
 
 def _run(raw: dict, fast: bool):
@@ -104,7 +123,8 @@ def describe(raw: dict) -> str:
              f"({c['disaggregation']['decode_router']}, first token {c['disaggregation']['first_token']})"
              if "disaggregation" in c else f"{c['replicas']} replicas")
     return (f"{shape}, router {c['router']}, {raw['policy']['name']}, M {raw['memory']['M']}, "
-            f"{'prefix caching' if raw['memory'].get('prefix_caching') else raw['workload']['kind']}")
+            f"{'prefix caching' if raw['memory'].get('prefix_caching') else raw['workload']['kind']}"
+            f"{', lora' if raw.get('lora') else ''}")
 
 
 def main(argv=None) -> int:

@@ -107,9 +107,9 @@ def test_a_policy_without_the_max_loras_rule_is_refused():
         build_simulation(scn)
 
 
-def test_a_cluster_refuses_lora_in_one_line():
+def test_a_disaggregated_cluster_refuses_lora_in_one_line():
     from sim.cluster.runner import run_scenario
     scn = _scn()
-    scn.cluster = {"replicas": 2}
-    with pytest.raises(UserError, match="lora: .*a cluster does not run them"):
+    scn.cluster = {"disaggregation": {"prefill": 1, "decode": 1}}
+    with pytest.raises(UserError, match="lora: a disaggregated cluster does not run adapters"):
         run_scenario(scn)

@@ -923,13 +923,6 @@ class Simulation:
 
     def start_in_cluster(self, clock):
         """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
-        if self.lora is not None:
-            from costmodels.errors import UserError
-            raise UserError("lora: adapters are drawn per request on one replica; clusters are not supported with them")
-        if self.sessions is not None:
-            from costmodels.errors import UserError
-            raise UserError("workload: closed-loop sessions run on one replica (a turn waits for the one before it "
-                            "on that replica's clock); clusters are not supported with them")
         self._prepare_run()
         self.arrival_clock = clock
         self.arrived = clock.arrived

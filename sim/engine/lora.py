@@ -82,6 +82,25 @@ def adapter_bytes(model, rank: int, tp: int = 1) -> float:
     return 2.0 * rank * adapter_dims(model) * model.layers / tp
 
 
+def _weights(cfg: LoRAConfig) -> np.ndarray:
+    w = 1.0 / np.arange(1, cfg.adapters + 1, dtype=float) ** cfg.popularity
+    return w / w.sum()
+
+
+def _draw(rng, cfg: LoRAConfig, weights, requests) -> None:
+    reqs = sorted(requests, key=lambda r: r.id)
+    n = len(reqs)
+    base = rng.random(n) < cfg.base_fraction
+    pick = rng.choice(len(weights), size=n, p=weights)
+    for r, b, a in zip(reqs, base, pick):
+        r.adapter = -1 if b else int(a)
+
+
+def assign_adapters(cfg: LoRAConfig, seed: int, requests) -> None:
+    """Each request's adapter, drawn as one replica's LoRA.assign draws them (a cluster draws over its workload)."""
+    _draw(np.random.default_rng([int(seed), 0x10A]), cfg, _weights(cfg), requests)
+
+
 class LoRA:
     """Adapters per request, GPU slots and the host cache, and what loading and running them costs."""
 
@@ -95,8 +114,7 @@ class LoRA:
             raise UserError(f"lora: {cfg.max_loras} slot(s) of rank {cfg.rank} for {model.name} take "
                             f"{self.bytes * cfg.max_loras / 2**30:.1f} GiB per GPU, more than the GPU's memory")
         self.rng = np.random.default_rng([int(seed), 0x10A])
-        w = 1.0 / np.arange(1, cfg.adapters + 1, dtype=float) ** cfg.popularity
-        self.weights = w / w.sum()
+        self.weights = _weights(cfg)
         self.slots: OrderedDict = OrderedDict()      # adapters on the GPU, least recently used first
         self.host: OrderedDict = OrderedDict()       # adapters in host memory
         self.host_capacity = cfg.max_cpu_loras or cfg.max_loras
@@ -111,12 +129,7 @@ class LoRA:
 
     def assign(self, requests) -> None:
         """Draw each request's adapter (-1: the base model), in id order."""
-        reqs = sorted(requests, key=lambda r: r.id)
-        n = len(reqs)
-        base = self.rng.random(n) < self.cfg.base_fraction
-        pick = self.rng.choice(len(self.weights), size=n, p=self.weights)
-        for r, b, a in zip(reqs, base, pick):
-            r.adapter = -1 if b else int(a)
+        _draw(self.rng, self.cfg, self.weights, requests)
 
     def _load(self, a: int) -> float:
         """Seconds to bring adapter a into a GPU slot (host copy, or disk then host)."""
@@ -208,8 +221,16 @@ class LoRA:
         return self.bytes * self.max_loras
 
     def stats(self) -> dict:
-        nan = float("nan")
-        return {"lora_loads_from_host": self.loads_from_host, "lora_loads_from_disk": self.loads_from_disk,
-                "lora_load_time_s": self.load_time_s, "lora_compute_time_s": self.compute_time_s,
-                "lora_skipped_admissions": self.skipped,
-                "lora_adapters_per_step": self.adapters_in_steps / self.steps if self.steps else nan}
+        return merged_lora_stats([self])
+
+
+def merged_lora_stats(loras) -> dict:
+    """The LoRA counters summed over replicas (one replica: its own), the mean adapters per step from the sums."""
+    nan = float("nan")
+    steps = sum(x.steps for x in loras)
+    return {"lora_loads_from_host": sum(x.loads_from_host for x in loras),
+            "lora_loads_from_disk": sum(x.loads_from_disk for x in loras),
+            "lora_load_time_s": sum(x.load_time_s for x in loras),
+            "lora_compute_time_s": sum(x.compute_time_s for x in loras),
+            "lora_skipped_admissions": sum(x.skipped for x in loras),
+            "lora_adapters_per_step": sum(x.adapters_in_steps for x in loras) / steps if steps else nan}

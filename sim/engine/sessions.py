@@ -55,13 +55,16 @@ class Sessions:
         return dropped
 
     def release(self, r, now: float) -> None:
-        """`r` completed at `now`: its followers arrive after their think time."""
+        """`r` completed at `now`: its followers arrive after their think time (a follower refused from the start,
+        its history past max_model_len or M, is never sent: it stays infeasible, and the turns after it too)."""
         if self.clock is not None:
             for f in r.followers:
-                self.clock.add(f, now)
+                if f.state != INFEASIBLE:
+                    self.clock.add(f, now)
             return
         for f in r.followers:
-            self.env.process(self._arrive(f, now))
+            if f.state != INFEASIBLE:
+                self.env.process(self._arrive(f, now))
 
     def _arrive(self, f, now):
         yield self.env.timeout(f.think_s)
