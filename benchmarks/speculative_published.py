@@ -1,4 +1,4 @@
-"""Speculative decoding against published numbers: SGLang's EAGLE-2/EAGLE-3 throughput for Llama-3.1-8B on one H100.
+"""Speculative decoding against published numbers: SGLang's EAGLE-2/3 throughput, Llama-3.1-8B on one H100.
 
 Published (SGLang documentation, "Speculative Decoding", https://docs.sglang.io/advanced_features/speculative_decoding.html):
 Llama-3.1-8B-Instruct on MT-Bench, one H100, one request at a time: 158.34 output tokens/s without speculation,

@@ -79,7 +79,7 @@ class Simulation:
         # Multi-LoRA (sim/engine/lora.py): on the fast paths a steady step's adapters are the running set's, resident
         # and constant between admissions and completions (see _lora_steady).
         self.lora = lora
-        self.lora_skips = 0                    # admissions the last schedule() skipped for max_loras (steady: each step)
+        self.lora_skips = 0                    # admissions the last schedule() skipped (max_loras); steady: each step
         if lora is not None:
             self.view.lora = lora
             lora.assign(requests)
