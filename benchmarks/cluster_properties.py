@@ -2,7 +2,8 @@
 table, with the invariants every run must keep. Prints the counts and writes JSON.
 
 A case draws 2-8 replicas (or a prefill:decode split), a router (every registered one), prefix caching on or off,
-a CPU tier, a policy, a KV budget and a workload (gamma bursts, or shared prefixes when caching is on). Checked:
+a CPU tier, a policy, a KV budget and a workload (gamma bursts, or shared prefixes when caching is on); on a serve
+pool, some cases run closed-loop sessions or multi-LoRA (often with their affinity routers). Checked:
 fast == plain (request, iteration and replica tables, bit for bit), exact output tokens, nothing lost or
 duplicated, KV <= M on every replica, every router ledger empty at the end, TTFT <= e2e and TPOT >= 0.
 
@@ -19,6 +20,8 @@ import pandas as pd
 
 POLICIES = ("vllm-v1", "vllm", "sarathi", "orca", "vllm-v0", "rank-o", "lightllm")
 CACHING_POLICIES = ("vllm-v1", "vllm", "sarathi")       # prefix caching needs the paged KV manager
+LORA_POLICIES = ("vllm-v1", "sarathi")                  # those that apply vLLM's max_loras rule
+LATER_ROUTERS = ("session_affinity", "lora_affinity")   # drawn apart from the others (random_case)
 
 
 def random_case(rng: np.random.Generator) -> dict:
@@ -40,16 +43,41 @@ def random_case(rng: np.random.Generator) -> dict:
         memory["prefix_caching"] = True
         if rng.random() < 0.5:
             memory["cpu_offload_gib"] = 0.05
-    router = str(rng.choice(sorted(ROUTERS)))
+    # the routers drawn from `rng` are those the cases were first drawn with, so a case number keeps its scenario
+    # (tests pin some); the affinity routers added since are drawn from a generator of their own, below
+    routers = sorted(set(ROUTERS) - set(LATER_ROUTERS))
+    router = str(rng.choice(routers))
     if rng.random() < 0.3:
         p = int(rng.integers(1, 4))
         cluster = {"disaggregation": {"prefill": p, "decode": int(rng.integers(1, 9 - p)),
                                       "first_token": str(rng.choice(["decode", "prefill"])),
-                                      "decode_router": str(rng.choice(sorted(ROUTERS)))}, "router": router}
+                                      "decode_router": str(rng.choice(routers))}, "router": router}
     else:
         cluster = {"replicas": int(rng.integers(2, 9)), "router": router}
-    return {"name": "prop", "seed": int(rng.integers(0, 1000)), "memory": memory, "policy": {"name": policy},
-            "workload": wl, "costmodel": {"kind": "linear"}, "cluster": cluster}
+    raw = {"name": "prop", "seed": int(rng.integers(0, 1000)), "memory": memory, "policy": {"name": policy},
+           "workload": wl, "costmodel": {"kind": "linear"}, "cluster": cluster}
+    # from a generator of their own (seeded by the case), so the cases above stay what they were: closed-loop
+    # sessions or multi-LoRA on a serve pool, and the affinity routers
+    sub = np.random.default_rng([raw["seed"], n, 32])
+    extra = sub.random()
+    if "replicas" in cluster and extra < 0.15:
+        raw["workload"] = {"kind": "multi_turn", "closed_loop": True, "conversations": int(sub.integers(5, 25)),
+                           "start": {"process": "poisson", "rate": float(sub.uniform(1, 20))},
+                           "turns": {"dist": "uniform", "low": 1, "high": 5},
+                           "system_prompt_len": int(sub.integers(0, 400)),
+                           "user_tokens": int(sub.integers(8, 120)), "output": int(sub.integers(4, 120)),
+                           "think": str(sub.choice(["exponential", "constant"])),
+                           "think_time_s": float(sub.choice([0.0, 0.05, 1.0])), "max_model_len": 4096}
+        if sub.random() < 0.5:
+            cluster["router"] = "session_affinity"
+    elif "replicas" in cluster and extra < 0.3 and policy in LORA_POLICIES:
+        raw["lora"] = {"adapters": int(sub.integers(1, 12)), "max_loras": int(sub.integers(1, 4)),
+                       "base_fraction": float(sub.choice([0.0, 0.3]))}
+        if sub.random() < 0.5:
+            cluster["router"] = "lora_affinity"
+    elif sub.random() < 0.1:                    # on any case: an affinity router (it falls back to least_requests)
+        cluster["router"] = str(sub.choice(LATER_ROUTERS))
+    return raw
 
 
 def _run(raw: dict, fast: bool):
@@ -104,7 +132,8 @@ def describe(raw: dict) -> str:
              f"({c['disaggregation']['decode_router']}, first token {c['disaggregation']['first_token']})"
              if "disaggregation" in c else f"{c['replicas']} replicas")
     return (f"{shape}, router {c['router']}, {raw['policy']['name']}, M {raw['memory']['M']}, "
-            f"{'prefix caching' if raw['memory'].get('prefix_caching') else raw['workload']['kind']}")
+            f"{'prefix caching' if raw['memory'].get('prefix_caching') else raw['workload']['kind']}"
+            f"{', lora' if raw.get('lora') else ''}")
 
 
 def main(argv=None) -> int:

@@ -21,9 +21,13 @@ One step:
    ratio becomes min(1, (tokens decoded so far + 20 × requests left) / their output lengths); a step without
    retraction lowers it by (0.7 − 0.7 × 0.14) / 600 down to 0.7 × 0.14, and an idle engine resets it to 0.7.
 
-Defaults: chunked_prefill_size by GPU memory as ServerArgs picks it (2048 below 35 GiB, 4096 below 60 GiB, 8192
-below 160 GiB, else 16384); max_running_requests from the KV pool, M // 2, capped by the request pool
-(min(max(M / context × 512, 2048), 4096)). A request's max_new_tokens is taken to be its output length (benchmarks
+Defaults, checked against SGLang's public source on 2026-11-26: chunked_prefill_size by GPU memory as
+_handle_gpu_memory_settings picks it (arg_groups/memory_hook.py: 2048 below 20 GiB, 4096 below 60 GiB, 8192 below
+160 GiB, else 16384; 4096 for an unknown GPU); max_running_requests from the KV pool, M // 2, capped by the request
+pool (model_runner.py: min(max(M / context × 512, 2048), 4096)); the new-token ratio 0.7, its floor factor 0.14,
+600 decay steps, retract_decode_steps 20 and the 4096 clip (environ.py: SGLANG_INIT_NEW_TOKEN_RATIO,
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_RETRACT_DECODE_STEPS,
+SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION). A request's max_new_tokens is taken to be its output length (benchmarks
 send max_tokens = the output length). Not modelled: in-batch prefix de-prioritisation, priority scheduling, the
 overlap scheduler, mixed chunks, page sizes other than memory.block_size, SGLang's own pool sizing (a derived M
 follows vLLM's profiling rule at the chunk size and 1024 sequences; give memory.M to match a deployment)."""
@@ -69,11 +73,14 @@ class SGLangConfig:
 
 
 def chunk_default(gpu_mem_bytes: float | None) -> int:
-    """ServerArgs' chunked_prefill_size for a GPU of this memory (8192 when the GPU is unknown)."""
+    """ServerArgs' chunked_prefill_size for a GPU of this memory (4096 when the GPU is unknown): SGLang's
+    _handle_gpu_memory_settings (python/sglang/srt/arg_groups/memory_hook.py, earlier in server_args.py) picks 2048
+    below 20 GiB, 4096 below 60 GiB (20-35 GiB cards were 2048 before SGLang raised them), 8192 below 160 GiB,
+    else 16384."""
     if gpu_mem_bytes is None:
-        return 8192
+        return 4096
     gib = gpu_mem_bytes / 1024 ** 3
-    for limit, size in ((35, 2048), (60, 4096), (160, 8192)):
+    for limit, size in ((20, 2048), (60, 4096), (160, 8192)):
         if gib < limit:
             return size
     return 16384

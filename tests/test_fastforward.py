@@ -37,8 +37,12 @@ def _workload(seed, n, rate, max_prompt, max_output):
 
 
 def _assert_identical(raw, table, stretches=True):
-    plain_sim, plain = _run(raw, table, False)
-    fast_sim, fast = _run(raw, table, True, stretches)
+    return _assert_equal_runs(_run(raw, table, False), _run(raw, table, True, stretches))
+
+
+def _assert_equal_runs(plain_run, fast_run):
+    """The plain loop's (sim, result) and the fast paths': identical tables, summaries and token times."""
+    (plain_sim, plain), (fast_sim, fast) = plain_run, fast_run
     pd.testing.assert_frame_equal(plain.requests, fast.requests, check_exact=True)
     pd.testing.assert_frame_equal(plain.iterations, fast.iterations, check_exact=True)
     assert plain.summary.keys() == fast.summary.keys()

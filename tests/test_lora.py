@@ -50,14 +50,18 @@ def _scn(**lora):
                      "output": {"dist": "uniform", "low": 20, "high": 200}}})
 
 
-def test_batches_keep_to_max_loras_and_every_request_completes():
-    sim = build_simulation(_scn())
+@pytest.mark.parametrize("fast", [True, False])
+def test_batches_keep_to_max_loras_and_every_request_completes(fast):
+    scn = _scn()
+    scn.sim.fast_forward = fast
+    sim = build_simulation(scn)
     seen = []
     inner = sim.policy.schedule
 
     def schedule(view):
         b = inner(view)
-        seen.append(len({r.adapter for r in b.reqs if r.adapter >= 0}))
+        members = {r.adapter for r in view.running if r.cohort is not None} if b.cohort else set()   # the cohort's
+        seen.append(len(({r.adapter for r in b.reqs} | members) - {-1}))
         return b
     sim.policy.schedule = schedule
     res = sim.run()
@@ -103,9 +107,9 @@ def test_a_policy_without_the_max_loras_rule_is_refused():
         build_simulation(scn)
 
 
-def test_a_cluster_refuses_lora_in_one_line():
+def test_a_disaggregated_cluster_refuses_lora_in_one_line():
     from sim.cluster.runner import run_scenario
     scn = _scn()
-    scn.cluster = {"replicas": 2}
-    with pytest.raises(UserError, match="lora: .*a cluster does not run them"):
+    scn.cluster = {"disaggregation": {"prefill": 1, "decode": 1}}
+    with pytest.raises(UserError, match="lora: a disaggregated cluster does not run adapters"):
         run_scenario(scn)

@@ -83,8 +83,22 @@ def test_bad_pauses_are_one_line(wl, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_cluster_refuses_closed_loop_sessions():
+def test_a_disaggregated_cluster_refuses_closed_loop_sessions():
     scn = _scn()
-    scn.cluster = {"replicas": 2, "router": "round_robin"}
-    with pytest.raises(UserError, match="closed-loop sessions"):
+    scn.cluster = {"disaggregation": {"prefill": 1, "decode": 1}}
+    with pytest.raises(UserError, match="closed-loop sessions run on a serve pool"):
         run_scenario(scn)
+
+
+def test_a_turn_refused_up_front_is_never_sent():
+    """A later turn whose history passes max_model_len is refused before the run; its predecessor's completion
+    does not send it (it used to join the queue as a refused request and never leave)."""
+    scn = _scn(system_prompt_len=1500, output=400, turns={"dist": "uniform", "low": 4, "high": 7})
+    scn.model.max_model_len = 3000
+    sim = build_simulation(scn)
+    res = sim.run()
+    req = res.requests
+    assert len(req) == len(sim.all_requests) and set(req["status"]) == {"done", "infeasible"}
+    assert (req["status"] == "infeasible").sum() == len(sim.infeasible) > 0
+    assert res.summary["session_turns_released"] == sum(1 for r in sim.all_requests
+                                                        if r.after is not None and r.state == "done")

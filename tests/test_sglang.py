@@ -153,3 +153,13 @@ def test_sglang_runs_speculative_decoding():
 def test_bad_schedule_policy_is_one_line():
     with pytest.raises(UserError, match=r"policy.schedule_policy: 'lifo' is not allowed; allowed: fcfs, lpm"):
         build_policy({"name": "sglang", "schedule_policy": "lifo"})
+
+
+def test_chunk_size_by_gpu_memory_follows_sglangs_tiers():
+    """_handle_gpu_memory_settings (SGLang's arg_groups/memory_hook.py): 2048 below 20 GiB, 4096 below 60, 8192
+    below 160, else 16384; 4096 when the GPU is unknown."""
+    from policies.sglang import chunk_default
+    G = 1024 ** 3
+    assert [chunk_default(g * G) for g in (16, 24, 40, 48, 80, 141, 192)] == [2048, 4096, 4096, 4096, 8192, 8192,
+                                                                              16384]
+    assert chunk_default(None) == 4096

@@ -323,6 +323,11 @@ class ReplicaHandle:
         waiting = sum(r.input_tokens - r.cached for r in sim.view.waiting)
         return waiting + sum(r.prompt_tokens for r in sim.requests[self.clock.arrived:])
 
+    def has_adapter(self, adapter: int) -> bool:
+        """Multi-LoRA: is this adapter in one of the replica's GPU slots (a request on it loads nothing)?"""
+        lora = getattr(self._sim, "lora", None) if self._sim is not None else None
+        return lora is not None and adapter in lora.slots
+
     def cached_prefix_tokens(self, req) -> int:
         if self._sim is None:
             return 0
@@ -355,6 +360,7 @@ class ClusterRun:
     origin: list = field(default_factory=list)       # the workload's requests, in arrival order
     spec: ClusterSpec = None
     scaler: object = None                            # the Autoscaler, when the pool scales
+    sessions: dict = None                            # closed-loop sessions: turns released, their pauses, abandoned
 
 
 # -- the driver ------------------------------------------------------------------------------------------------
@@ -364,13 +370,9 @@ class Cluster:
         self.spec = parse_cluster(scn.cluster)
         rng = np.random.default_rng(scn.seed)
         table = build_workload(scn.workload, rng) if requests is None else None
-        if scn.lora:
-            raise UserError("lora: adapters are drawn per request on one replica; a cluster does not run them yet "
-                            "(remove the lora section)")
-        if (bool((table["after"] >= 0).any()) if table is not None and "after" in table.columns
-                else requests is not None and any(r.after is not None for r in requests)):
-            raise UserError("workload: closed-loop sessions (a turn sent after the previous one completes) run on one "
-                            "replica; a cluster routes a fixed arrival list (set closed_loop: false)")
+        # Closed-loop sessions: a turn is routed when the one before it completes plus its pause (wherever that ran)
+        self.sessions = (bool((table["after"] >= 0).any()) if table is not None and "after" in table.columns
+                         else requests is not None and any(r.after is not None for r in requests))
         self.replicas: list = []
         self.groups: list = []
         for k, (pool, count, overrides) in enumerate(self.spec.groups):
@@ -386,6 +388,7 @@ class Cluster:
         # are made as the router reaches them and finished ones leave as table rows (sim/cluster/stream.py,
         # sim/metrics/rowstore.py), so memory follows the requests in flight, not the run's length.
         self.stream = (table is not None and not self.spec.disaggregated and RequestStream.fits(table)
+                       and not self.sessions and not scn.lora
                        and not any(g._proto.keep_token_times or hasattr(g._proto.memory, "bind_requests")
                                    for g in self.groups))
         if self.stream:
@@ -396,6 +399,31 @@ class Cluster:
             self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         del table
         self.pd = self.spec.disaggregated
+        if scn.lora and self.pd:
+            raise UserError("lora: a disaggregated cluster does not run adapters (its hand-offs carry no adapter); "
+                            "use a serve pool (cluster.replicas) or remove the lora section")
+        if scn.lora:                    # adapters drawn over the whole workload, as one replica draws them
+            from sim.engine.lora import assign_adapters, lora_config
+            cfg = lora_config(scn.lora)
+            assign_adapters(cfg, scn.seed if cfg.seed is None else cfg.seed, self.requests)
+        # With sessions every replica advances one iteration at a time, earliest first, as with disaggregation: a
+        # completion on one replica releases a turn the router may send to any other, which must not have run past
+        # it (the exact fast paths are off there).
+        self.lockstep = self.pd or self.sessions
+        self.timers: list = []          # sessions: (time, created, sequence, turn) released and not yet routed
+        self.turns_left = 0             # sessions: later turns neither routed nor abandoned
+        self.session_stats = {"released": 0, "think_s": 0.0, "abandoned": 0}
+        if self.sessions:
+            if self.pd:
+                raise UserError("workload: closed-loop sessions run on a serve pool; a disaggregated cluster does not "
+                                "run them (set closed_loop: false)")
+            for r in self.requests:
+                r.followers = None
+            for r in self.requests:
+                if r.after is not None:
+                    r.after.followers = (r.after.followers or []) + [r]
+                    self.turns_left += 1
+            self.requests = [r for r in self.requests if r.after is None]
         self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
         self.decode = [h for h in self.replicas if h.pool == DECODE]
         router_rng, decode_rng = (np.random.default_rng([scn.seed, k]) for k in (1, 2))
@@ -422,7 +450,7 @@ class Cluster:
                      if key and not self.pd and self.scaler is None else None)
         self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state) or \
             bool(self.scaler is not None and self.scaler.reads_state)
-        self.runs_ahead = not (self.cut_at_decisions or self.pd)
+        self.runs_ahead = not (self.cut_at_decisions or self.lockstep)
         self.front_live = 0             # front replicas started and not finished (what decode replicas wait on)
         self.pending_total = 0          # hand-offs waiting for decode-side KV, over all decode replicas
         self.heap: list = []
@@ -430,6 +458,7 @@ class Cluster:
         self.to_wake: list = []
         self.idx = 0
         self.T = self.requests[0].arrival_s if self.requests else math.inf
+        self.timer_seq = 0
         self.handoffs: dict = {}
         self.origin_of: dict = {}
 
@@ -440,9 +469,10 @@ class Cluster:
         if hasattr(mem, "bind_requests"):            # answers a later turn repeats, wherever that turn lands
             mem.bind_requests(self.requests)
         sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
+            (lambda r, h=h: self._done(h, r)) if self.sessions else \
             (lambda r, h=h: h.ledger.finish(r.id, r.completion_s))
-        sim.on_drop = lambda r, h=h: h.ledger.finish(r.id, h._sim.view.now)   # its load leaves the count too
-        if self.pd:                                  # one iteration at a time, earliest first (module doc)
+        sim.on_drop = lambda r, h=h: self._dropped(h, r)
+        if self.lockstep:                            # one iteration at a time, earliest first (module doc)
             sim.fast_forward = None
             sim.exact_fast_paths = False
         if h.pool == PREFILL:
@@ -482,7 +512,7 @@ class Cluster:
     def horizon(self, h) -> float:
         """No event can reach replica h before this time."""
         bound = self.T                            # (decode replicas too: an arrival's prefill ends in a handoff)
-        if self.pd and self.heap:
+        if self.lockstep and self.heap:
             bound = min(bound, self.heap[0][0])
         if self.to_wake:                          # a replica woken by a hand-off has not said when it next acts
             bound = min(bound, min(t for _, t in self.to_wake))
@@ -492,7 +522,7 @@ class Cluster:
         """May replica h commit an iteration ending at e?"""
         if e >= self.T:
             return False
-        if self.pd and self.heap and (e, h.index) > self.heap[0][:2]:
+        if self.lockstep and self.heap and (e, h.index) > self.heap[0][:2]:
             return False
         # A replica a hand-off woke must first say when it next acts (it joins the heap): without this check one
         # busy replica could run on alone while the others' transfers wait forever (a livelock).
@@ -500,6 +530,8 @@ class Cluster:
 
     def final(self, h) -> bool:
         """Will nothing more be sent to h?"""
+        if self.turns_left:                       # sessions: a turn still to come may be sent anywhere
+            return False
         if h.pool != DECODE:                      # (a prefill holding KV for transfers still gets releases)
             return self.idx >= len(self.requests) and not h.sim.held_kv
         return self.idx >= len(self.requests) and self.front_live == 0 and self.pending_total == 0
@@ -541,7 +573,7 @@ class Cluster:
 
     def run(self) -> ClusterRun:
         from sim.engine.loop import _quiet_gc
-        if not self.pd and self.scaler is None and (self.router.stateless or len(self.front) == 1):
+        if not self.lockstep and self.scaler is None and (self.router.stateless or len(self.front) == 1):
             # Decisions that read no replica state: place every request now and run each replica on its own
             # (the single-replica loop itself: a one-replica cluster costs nothing extra).
             while self.T < math.inf:
@@ -560,7 +592,8 @@ class Cluster:
                     self._start(h)
             self._loop()
         self._check_ledgers()
-        return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec, self.scaler)
+        return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec, self.scaler,
+                          self.session_stats if self.sessions else None)
 
     def _check_ledgers(self) -> None:
         """After a run that was not cut short, every request has left every replica it was sent to."""
@@ -612,9 +645,18 @@ class Cluster:
         woken = []
         self.read_time = t
         front = self.scaler.serving(t) if self.scaler is not None else self.front
-        while self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
-            r = reqs[self.idx]
-            self.idx += 1
+        turns = []
+        while self.timers and self.timers[0][0] == t:   # sessions: turns released for this instant, in creation order
+            turns.append(heapq.heappop(self.timers)[3])
+        while self.idx < len(reqs) and reqs[self.idx].arrival_s == t or turns:
+            if self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
+                r = reqs[self.idx]
+                self.idx += 1
+            else:
+                r = turns.pop(0)
+                self.turns_left -= 1
+                self.session_stats["released"] += 1
+                self.session_stats["think_s"] += r.think_s
             h = front[self.book.least(t) if self.book is not None else
                       checked_pick(self.router, r, front, t, 'cluster.router')]
             if self.pd:
@@ -629,18 +671,62 @@ class Cluster:
                 h.ledger.finish(r.id)             # never runs there: the router learns at once (a 400)
                 if self.pd:
                     r.state, r.reason = INFEASIBLE, target.reason
+                if self.sessions and r.followers:
+                    self._abandon(h, r)
             if h.state == "wait" or h.state == "new" and self.looping:
                 woken.append(h)
             elif h.asleep:                        # sleeping through steady steps: up now, after this instant
                 h.asleep = False
                 self._push(h, t)
-        self.T = reqs[self.idx].arrival_s if self.idx < len(reqs) else math.inf
+        self._next_T()
         for h in dict.fromkeys(woken):            # once each, in routing order
             self._wake(h, t)
         if self.T == math.inf:
             for h in sorted(self.waiting, key=lambda h: h.index):
                 if h.clock.final:
                     self.to_wake.append((h, t))
+
+    def _next_T(self) -> None:
+        """The router's next decision: the next arrival, or a session's turn released for its time."""
+        reqs = self.requests
+        t = reqs[self.idx].arrival_s if self.idx < len(reqs) else math.inf
+        self.T = min(t, self.timers[0][0]) if self.timers else t
+
+    # -- sessions ------------------------------------------------------------------------------------------------
+    def _done(self, h, r) -> None:
+        """A request completed on h: with sessions, each turn after it is released for completion + its pause."""
+        h.ledger.finish(r.id, r.completion_s)
+        if r.followers:
+            c = r.completion_s
+            for f in r.followers:
+                f.arrival_s = c + f.think_s       # the single replica's timer: the same float add
+                heapq.heappush(self.timers, (f.arrival_s, c, self.timer_seq, f))
+                self.timer_seq += 1
+            self._next_T()
+
+    def _dropped(self, h, r) -> None:
+        """A request dropped mid-run as infeasible on h: its load leaves the count; a session ends there."""
+        h.ledger.finish(r.id, h._sim.view.now)
+        if self.sessions and r.followers:
+            self._abandon(h, r)
+
+    def _abandon(self, h, r) -> None:
+        """Turn r could not run: the turns after it are never sent; they join h's infeasible requests (as one
+        replica marks them), so the tables still hold every turn."""
+        stack = list(r.followers)
+        sim = h.sim
+        while stack:
+            f = stack.pop()
+            f.state = INFEASIBLE
+            f.reason = "an earlier turn of its session could not run (the session ends there)"
+            sim.all_requests.append(f)
+            sim.infeasible.append(f)
+            self.turns_left -= 1
+            self.session_stats["abandoned"] += 1
+            stack.extend(f.followers or ())
+        if self.turns_left == 0 and self.T == math.inf:
+            for w in sorted(self.waiting, key=lambda w: w.index):
+                self.to_wake.append((w, w.sim.view.now))
 
     # -- disaggregation ------------------------------------------------------------------------------------------
     def _prefill_done(self, h, r_p) -> None:

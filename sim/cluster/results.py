@@ -99,6 +99,15 @@ def cluster_result(scn, run, wall_s: float) -> SimResult:
     if specs:                                      # speculative decoding, over the whole cluster
         from sim.engine.speculative import merged_stats
         summ.update(merged_stats(specs))
+    loras = [h.sim.lora for h in built if getattr(h.sim, "lora", None) is not None]
+    if loras:                                      # multi-LoRA, over the whole cluster
+        from sim.engine.lora import merged_lora_stats
+        summ.update(merged_lora_stats(loras))
+    turns = getattr(run, "sessions", None)
+    if turns is not None:                          # closed-loop sessions: the cluster released the turns
+        summ["session_turns_released"] = turns["released"]
+        summ["session_turns_abandoned"] = turns["abandoned"]
+        summ["session_think_s_mean"] = turns["think_s"] / turns["released"] if turns["released"] else NAN
     scaler = getattr(run, "scaler", None)
     if scaler is not None:
         t0 = req["arrival_s"].min() if len(req) else 0.0

@@ -160,13 +160,84 @@ class PrefixAffinity(Router):
         return _argmin(costs)
 
 
+def _least_loaded(replicas) -> int:
+    loads = [h.outstanding_requests for h in replicas]
+    return loads.index(min(loads))
+
+
+class SessionAffinity(Router):
+    """Closed-loop sessions: a turn goes to the replica that served the turn before it (its history is cached
+    there), unless that replica has `max_extra` or more outstanding requests beyond the least-loaded one; then,
+    and for first turns, fewest outstanding requests (least_requests). Reads only its ledgers."""
+    name = "session_affinity"
+    reads_state = False
+
+    @dataclass
+    class Config:
+        max_extra: int = 8
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
+        if self.config.max_extra < 0:
+            raise UserError(f"cluster.router.max_extra: must be >= 0, got {self.config.max_extra!r}")
+        self.home: dict = {}            # request id -> the replica (its index) it was sent to
+        self.kept = self.moved = 0      # turns sent to their predecessor's replica / elsewhere (overloaded)
+
+    def pick(self, req, replicas, now):
+        best = _least_loaded(replicas)
+        i = best
+        prev = self.home.pop(req.after.id, None) if getattr(req, "after", None) is not None else None
+        if prev is not None:
+            at = next((k for k, h in enumerate(replicas) if h.index == prev), None)
+            if at is not None and (replicas[at].outstanding_requests
+                                   < replicas[best].outstanding_requests + self.config.max_extra):
+                i = at
+                self.kept += 1
+            else:
+                self.moved += 1
+        if req.followers:
+            self.home[req.id] = replicas[i].index
+        return i
+
+
+class LoRAAffinity(Router):
+    """Multi-LoRA: a request goes to the least-loaded replica that has its adapter in a GPU slot (no load), unless
+    that one has `max_extra` or more outstanding requests beyond the least-loaded replica; otherwise, and for
+    base-model requests, fewest outstanding requests. Reads the replicas' adapter slots."""
+    name = "lora_affinity"
+
+    @dataclass
+    class Config:
+        max_extra: int = 8
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
+        if self.config.max_extra < 0:
+            raise UserError(f"cluster.router.max_extra: must be >= 0, got {self.config.max_extra!r}")
+
+    def pick(self, req, replicas, now):
+        loads = [h.outstanding_requests for h in replicas]
+        best = loads.index(min(loads))
+        a = getattr(req, "adapter", -1)
+        if a < 0:
+            return best
+        near = [k for k, h in enumerate(replicas) if h.has_adapter(a)]
+        if near:
+            k = min(near, key=lambda k: (loads[k], k))
+            if loads[k] < loads[best] + self.config.max_extra:
+                return k
+        return best
+
+
 for _cls, _summary in (
         (RoundRobin, "each replica in turn"),
         (Random, "a replica drawn uniformly (the scenario's seed)"),
         (LeastRequests, "fewest outstanding requests (sent, not complete)"),
         (LeastTokens, "fewest outstanding tokens, prompt + output (join the shortest queue by work)"),
         (PowerOfTwo, "two replicas at random, the one with fewer outstanding requests"),
-        (PrefixAffinity, "prefix-cache affinity balanced against KV load (Dynamo/llm-d style)")):
+        (PrefixAffinity, "prefix-cache affinity balanced against KV load (Dynamo/llm-d style)"),
+        (SessionAffinity, "a session's turn to the replica holding its history unless overloaded, else least_requests"),
+        (LoRAAffinity, "a replica with the request's LoRA adapter resident unless overloaded, else least_requests")):
     register_router(_cls.name, _cls, _summary)
 
 

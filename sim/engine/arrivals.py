@@ -78,3 +78,103 @@ class ArrivalClock:
         t = self.requests[self.arrived].arrival_s
         self.time = now + (t - now) if t > now else now     # SimPy's timeout: now + delay
         self.created, self.first = now, before_replica
+
+
+class SessionClock(ArrivalClock):
+    """ArrivalClock for closed-loop sessions: the first turns' arrivals process, plus one timer per later turn.
+
+    Under SimPy a completed turn starts a process for each follower that sleeps its think time and then queues it
+    (sim/engine/sessions.py). Such a timer is created while the replica commits the step that completed the turn
+    at C, after the replica's next timeout (created at C too, when the loop goes straight on), so it is processed
+    before the replica resumes at e, its iteration begun at s, iff its time t < e, or t == e and C < s. Timers and
+    the first turns' events are taken in SimPy's order: time, then creation."""
+
+    def __init__(self, requests, waiting, sessions):
+        self.sessions = sessions
+        self.timers = []                    # heap of (time, created, sequence, request)
+        self.seq = 0
+        self.index = 0                      # first turns queued so far
+        self.static_time = math.inf
+        super().__init__(requests, waiting)
+
+    @property
+    def has_next(self) -> bool:
+        return self.index < len(self.requests) or bool(self.timers)
+
+    def add(self, r, now: float) -> None:
+        """Turn r's predecessor completed at `now`: it arrives after its think time (SimPy: now + think_s)."""
+        import heapq
+        heapq.heappush(self.timers, (now + r.think_s, now, self.seq, r))
+        self.seq += 1
+        self._refresh()
+
+    def _refresh(self) -> None:
+        t = self.timers[0][0] if self.timers else math.inf
+        self.time = min(self.static_time, t)
+
+    def _timer_first(self) -> bool:
+        """Is the next event a timer (else the first turns' process)? Ties in time: the one created earlier."""
+        if not self.timers:
+            return False
+        t, created = self.timers[0][:2]
+        return t < self.static_time or (t == self.static_time and created < self.static_created)
+
+    def due(self, s: float, e: float) -> bool:
+        if self._timer_first():
+            t, created = self.timers[0][:2]
+            return t < e or (t == e and created < s)
+        t = self.static_time
+        return t < e or (t == e and (self.static_created < s or (self.static_created == s and self.static_first)))
+
+    def deliver_until(self, s: float, e: float) -> None:
+        while self.due(s, e):
+            if self._timer_first():
+                self._fire()
+            else:
+                self._deliver(before_replica=self.static_time != s)
+
+    def wake(self) -> float:
+        """The idle replica resumes after the first event at t and every other already scheduled at t (SimPy
+        processes those before the resumption the first one triggers), in their order."""
+        t = self.time
+        static_pending = self.static_time == t
+        while True:
+            if self.timers and self.timers[0][0] == t and (not static_pending or self._timer_first()):
+                self._fire()
+            elif static_pending:
+                self._deliver(before_replica=True)
+                static_pending = False
+            else:
+                return t
+
+    def _fire(self) -> None:
+        import heapq
+        t, _, _, r = heapq.heappop(self.timers)
+        r.arrival_s = t
+        self.waiting.append(r)
+        self.sessions.arrived_turn(r)
+        self.arrived += 1
+        self._refresh()
+
+    def _deliver(self, before_replica: bool) -> None:
+        reqs, i, n = self.requests, self.index, len(self.requests)
+        now = self.static_time
+        while True:
+            t = reqs[i].arrival_s
+            while i < n and reqs[i].arrival_s <= t:
+                self.waiting.append(reqs[i])
+                i += 1
+            if i >= n or reqs[i].arrival_s > now:
+                break
+        self.arrived += i - self.index
+        self.index = i
+        self._schedule(now, before_replica)
+
+    def _schedule(self, now: float, before_replica: bool) -> None:
+        if self.index >= len(self.requests):
+            self.static_time = math.inf
+        else:
+            t = self.requests[self.index].arrival_s
+            self.static_time = now + (t - now) if t > now else now
+            self.static_created, self.static_first = now, before_replica
+        self._refresh()

@@ -17,7 +17,7 @@ MAX_BLOCK_EVENTS = 1 << 21   # beyond this many block allocations in one plan, s
 class StretchPlan:
     """The k iterations to skip: their start/end times and durations, and the state they start from."""
     __slots__ = ("k", "starts", "ends", "dts", "cached0", "blocks0", "slack", "rem", "taken", "returned",
-                 "waiting_before")
+                 "waiting_before", "lora")
 
 
 class FastForward:
@@ -45,6 +45,13 @@ class FastForward:
             return None     # KV nearly full: at most a step or two fit, cheaper to take them the plain way
         if not sim.policy.steady_decode(view, after_full_decode):
             return None
+        lora = None
+        if sim.lora is not None:           # multi-LoRA: the running set's adapters, all resident, each step
+            lora = sim._lora_steady()
+            if lora is None:
+                return None
+            if not lora[0]:
+                lora = None
         if view.cohort is not None:
             view.cohort.materialize()     # the stretch is planned and applied on per-request state
         n = len(running)
@@ -54,7 +61,9 @@ class FastForward:
         bs = mem.block_size
         slack = blocks * bs - cached          # step j holds cached+j tokens: a new block once j passes slack
         queued = bool(view.waiting or view.swapped)
-        kmax = min(int(rem.min() if queued else rem.max()), MAX_STRETCH)
+        # With requests queued, stop at the first completion (freed KV may admit one); with LoRA too (the
+        # running set's adapters change) and with closed-loop sessions where the completing turn has a follower.
+        kmax = min(int(rem.min() if queued or lora is not None else _first_release(sim, running, rem)), MAX_STRETCH)
         if sim.max_iterations:
             kmax = min(kmax, sim.max_iterations - view.iteration)
         if not queued and int(np.maximum(np.minimum(rem, kmax) - slack, 0).sum()) // bs > MAX_BLOCK_EVENTS:
@@ -79,6 +88,8 @@ class FastForward:
             if kmax < 1:
                 return None
         dts = sim.costmodel.decode_stretch_times(cached, kmax, last_step=np.minimum(rem, kmax))
+        if lora is not None:
+            dts = dts + lora[1]                # each step's time plus its adapters' GEMMs, the plain loop's float add
         if not (np.all(dts >= 0) and np.all(np.isfinite(dts))):   # an extension's cost model (see loop._batch_time)
             from costmodels.errors import UserError
             raise UserError(f"costmodel: {type(sim.costmodel).__name__}.decode_stretch_times returned a step time "
@@ -106,6 +117,7 @@ class FastForward:
         p.cached0, p.blocks0, p.slack, p.rem = cached, blocks, slack, rem
         p.taken, p.returned = taken[:kmax], returned[:kmax]
         p.waiting_before = len(view.waiting) + len(view.swapped)
+        p.lora = lora
         return p
 
     def apply(self, p: StretchPlan) -> bool:
@@ -151,6 +163,8 @@ class FastForward:
             mem.free(r)
             returned[t - 1] += mem.free_blocks - before
             sim.completed += 1
+            if r.followers and sim.sessions is not None:      # the session's next turn, after its think time
+                sim.sessions.release(r, r.completion_s)
             finalize_request(r, keep)
             if sim.on_complete is not None:
                 sim.on_complete(r)
@@ -162,6 +176,8 @@ class FastForward:
             if view.cohort is not None:
                 view.loose[:] = running
         sim.tokens_generated += generated
+        if p.lora is not None:
+            sim._lora_steps(p.lora, k, p.waiting_before > 0)
         view.iteration = it0 + k
         view.now = float(p.starts[-1])
         view.step_preemptions = view.step_swap_in = view.step_swap_out = 0
@@ -192,6 +208,16 @@ class FastForward:
         zeros = [0] * k
         sim.iter_rows.extend(zip(p.starts.tolist(), p.dts.tolist(), active, zeros, active, after.tolist(), waiting,
                                  alloc.tolist(), kv_cached.tolist(), zeros, zeros, zeros))
+
+
+def _first_release(sim, running, rem) -> int:
+    """The longest stretch with empty queues: to the last completion, or, with closed-loop sessions, to the first
+    completion of a turn that has a next turn (its release is an arrival the stretch must not run past)."""
+    if sim.sessions is not None:
+        last = [t for r, t in zip(running, rem.tolist()) if r.followers]
+        if last:
+            return min(min(last), int(rem.max()))
+    return int(rem.max())
 
 
 def _block_events(slack: np.ndarray, last: np.ndarray, bs: int, k: int) -> np.ndarray:

@@ -11,7 +11,7 @@ import simpy
 
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
-from sim.engine.arrivals import ArrivalClock
+from sim.engine.arrivals import ArrivalClock, SessionClock
 from sim.engine.cohort import DecodeCohort
 from sim.errors import SimulationStuck
 from sim.engine.fastforward import FastForward
@@ -76,11 +76,14 @@ class Simulation:
         self.speculation = speculation
         if speculation is not None:
             self.view.spec_tokens = speculation.k
-        self.lora = lora                       # multi-LoRA (sim/engine/lora.py): same fast paths off as speculation
+        # Multi-LoRA (sim/engine/lora.py): on the fast paths a steady step's adapters are the running set's, resident
+        # and constant between admissions and completions (see _lora_steady).
+        self.lora = lora
+        self.lora_skips = 0                    # admissions the last schedule() skipped (max_loras); steady: each step
         if lora is not None:
             self.view.lora = lora
             lora.assign(requests)
-        per_step = speculation is not None or lora is not None
+        per_step = speculation is not None
         self.max_iterations = max_iterations
         self.watchdog_iterations = watchdog_iterations
         self.keep_token_times = keep_token_times
@@ -90,12 +93,11 @@ class Simulation:
         self.infeasible = []
         self.requests = [r for r in self.all_requests if self._feasible(r)]
         # Closed-loop sessions (sim/engine/sessions.py): a turn arrives when the one before it completes, plus its
-        # think time; only first turns are in the arrival stream, and the plain SimPy loop runs the replica.
+        # think time; only first turns are in the arrival stream (on the fast paths a SessionClock keeps the timers).
         self.sessions = None
         if any(r.after is not None for r in self.all_requests):
             from sim.engine.sessions import Sessions
             self.sessions = Sessions(self)
-            fast_forward = False
         if hasattr(memory, "bind_requests"):       # prefix caching: which answers later prompts repeat
             memory.bind_requests(self.requests)
         self.completed = 0
@@ -211,7 +213,12 @@ class Simulation:
             arrived_at_schedule = self.arrived
             view.step_swap_hidden = 0
             memory.clock = now                          # frees are queued by time (sim/kv/prefix_cache.py)
-            batch = policy.schedule(view)
+            if self.lora is not None:
+                skipped = self.lora.skipped
+                batch = policy.schedule(view)
+                self.lora_skips = self.lora.skipped - skipped
+            else:
+                batch = policy.schedule(view)
             if view.looked_up:
                 view.end_schedule()
             if not batch.reqs and not batch.cohort and (self._held or self._held_done):
@@ -288,11 +295,43 @@ class Simulation:
 
     def _batch_time(self, batch):
         """The batch's time from the cost model, its prefill tokens, and its prefill and decode request counts."""
-        view = self.view
         if self.lora is not None:          # the adapters' loads and GEMMs on top of the step
-            t, prefill, n_prefill, n_decode = (self._spec_batch_time(batch) if self.speculation is not None
-                                               else self._shape_batch_time(batch))
-            return t + self.lora.step_time(batch), prefill, n_prefill, n_decode
+            t, prefill, n_prefill, n_decode = self._base_batch_time(batch)
+            return t + self._lora_time(batch), prefill, n_prefill, n_decode
+        return self._base_batch_time(batch)
+
+    def _lora_time(self, batch) -> float:
+        """The adapters' share of a step: those of the batch's requests and, when the cohort runs, its members'."""
+        active = {r.adapter for r in batch.reqs if r.adapter >= 0}
+        tokens = sum(c for r, c in zip(batch.reqs, batch.tokens) if r.adapter >= 0)
+        if batch.cohort:
+            for r in self.view.running:
+                if r.cohort is not None and r.adapter >= 0:
+                    active.add(r.adapter)
+                    tokens += 1
+        return self.lora.charge(active, tokens)
+
+    def _lora_steady(self):
+        """(adapters, their time per step) for steady decode steps of the whole running set, or None when one of
+        its adapters is not resident (a plain step loads it)."""
+        active = set()
+        tokens = 0
+        for r in self.view.running:
+            if r.adapter >= 0:
+                active.add(r.adapter)
+                tokens += 1
+        t = self.lora.resident_time(active, tokens)
+        return None if t is None else (active, t)
+
+    def _lora_steps(self, steady, k: int, queued: bool) -> None:
+        """k steady steps' adapter counters, and the admissions each would have skipped (as the last schedule did:
+        with requests queued a steady step sees the same queue and the same running adapters)."""
+        self.lora.charge_steps(steady[0], steady[1], k)
+        if queued and self.lora_skips:
+            self.lora.skipped += self.lora_skips * k
+
+    def _base_batch_time(self, batch):
+        view = self.view
         if self.speculation is not None:
             return self._spec_batch_time(batch)
         if self.cohort is not None and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
@@ -487,6 +526,12 @@ class Simulation:
             cap = len(ends)
             if inline:
                 base, sdn, b_d, cpu, a_d = step_time.at(n)
+            lt, lora = 0.0, None
+            if self.lora is not None:          # the members' adapters: resident, constant in this run of steps
+                lora = self._lora_steady()
+                if lora is None:
+                    break                      # one must be loaded: the plain loop's step does it
+                lt = lora[1]
             k = used_sum = 0
             used_max = tally.kv_alloc_max if tally is not None else 0
             done = ()
@@ -535,6 +580,8 @@ class Simulation:
             while t < arrival and it < stop:
                 kv = cached + n
                 dt = (base + (a_d * kv + sdn + b_d)) + cpu if inline else step_time(n, kv)
+                if lora is not None:
+                    dt += lt                           # the plain step's base time + the adapters' GEMMs
                 if not t + dt < limit:
                     break                              # the plain loop takes this step, after the router
                 s1 = s + 1
@@ -581,6 +628,8 @@ class Simulation:
             view.kv_cached_tokens = kv_cached
             self.tokens_generated += n * k
             self.fast_forward_iterations += k
+            if lora is not None:
+                self._lora_steps(lora, k, queued)
             mem.clock = t
             counted = k - 1 if done else k
             if tally is not None and counted:
@@ -601,8 +650,8 @@ class Simulation:
                 self._record(start, dt, n, 0, n)
             else:
                 tally.add(n, len(running), mem.used_tokens)
-            if queued:
-                break
+            if queued or (self.sessions is not None and any(r.followers for r in done)):
+                break                                  # (a session's next turn is an arrival to stop at)
         return t, start, finished
 
     def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
@@ -625,6 +674,12 @@ class Simulation:
         inline = step_time.inline
         if inline:
             base, sdn, b_d, cpu, a_d = step_time.at(n)
+        lt = None
+        if self.lora is not None:               # as in _cohort_steps: resident adapters, or the plain loop now
+            lora = self._lora_steady()
+            if lora is None:
+                return t
+            lt = lora[1]
         wake = t
         ends, dts, frees, events = [], [], [], []
         completes = False
@@ -641,6 +696,8 @@ class Simulation:
             free -= due
             context += n
             dt = (base + (a_d * context + sdn + b_d)) + cpu if inline else step_time(n, context)
+            if lt is not None:
+                dt += lt
             wake = wake + dt
             ends.append(wake)
             dts.append(dt)
@@ -824,7 +881,7 @@ class Simulation:
         self.policy.bind(self.view)
         # The steady decode cohort is an exact fast path too: only with fast_forward, a policy that opts in, a
         # cost model that needs decode sums only, and plain block accounting at full precision.
-        if (self.exact_fast_paths and self.speculation is None and self.lora is None
+        if (self.exact_fast_paths and self.speculation is None
                 and self.policy.decode_cohort(self.view)
                 and self.costmodel.accepts_decode_sums() and self.memory.exact_counts
                 and self.view.plain_reserve and getattr(self.memory, "kv_bits", 16) == 16):
@@ -847,7 +904,11 @@ class Simulation:
         self._prepare_run()
         with _quiet_gc():
             if self.exact_fast_paths:            # no SimPy: the clock replays the arrivals process's events
-                self.arrival_clock = ArrivalClock(self.requests, self.view.waiting)
+                if self.sessions is not None:
+                    self.arrival_clock = self.sessions.clock = SessionClock(self.sessions.first_turns,
+                                                                            self.view.waiting, self.sessions)
+                else:
+                    self.arrival_clock = ArrivalClock(self.requests, self.view.waiting)
                 self.arrived = self.arrival_clock.arrived
                 for _ in self._replica(None):
                     raise RuntimeError("the fast-path replica loop never waits on SimPy")
@@ -862,13 +923,6 @@ class Simulation:
 
     def start_in_cluster(self, clock):
         """The replica loop as a generator driven by a cluster (sim/cluster/cluster.py) through `clock`."""
-        if self.lora is not None:
-            from costmodels.errors import UserError
-            raise UserError("lora: adapters are drawn per request on one replica; clusters are not supported with them")
-        if self.sessions is not None:
-            from costmodels.errors import UserError
-            raise UserError("workload: closed-loop sessions run on one replica (a turn waits for the one before it "
-                            "on that replica's clock); clusters are not supported with them")
         self._prepare_run()
         self.arrival_clock = clock
         self.arrived = clock.arrived

@@ -15,7 +15,10 @@ What vLLM does (v1 scheduler and its LoRA worker manager), as modelled here:
 - every step pays the adapters' GEMMs (Punica's shrink and expand on q, k, v, o, gate, up and down of every
   layer): 2 × tokens × rank × Σ(in + out) FLOPs, or reading each distinct adapter's weights once, whichever is
   slower, at the GPU's datasheet peaks (no fitted efficiency).
-The exact fast paths (decode cohort, closed-form stretches) are off with LoRA: every step's adapters matter."""
+On the exact fast paths (decode cohort, closed-form stretches) a steady decode step runs the same running set, so
+its adapters are constant between admissions and completions: a stretch is taken only when they are all resident
+(a step that must load one runs the plain way), its GEMM time is added to every skipped step, and the counters
+and LRU orders end as the plain steps would leave them (resident_time, charge_steps)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -79,6 +82,25 @@ def adapter_bytes(model, rank: int, tp: int = 1) -> float:
     return 2.0 * rank * adapter_dims(model) * model.layers / tp
 
 
+def _weights(cfg: LoRAConfig) -> np.ndarray:
+    w = 1.0 / np.arange(1, cfg.adapters + 1, dtype=float) ** cfg.popularity
+    return w / w.sum()
+
+
+def _draw(rng, cfg: LoRAConfig, weights, requests) -> None:
+    reqs = sorted(requests, key=lambda r: r.id)
+    n = len(reqs)
+    base = rng.random(n) < cfg.base_fraction
+    pick = rng.choice(len(weights), size=n, p=weights)
+    for r, b, a in zip(reqs, base, pick):
+        r.adapter = -1 if b else int(a)
+
+
+def assign_adapters(cfg: LoRAConfig, seed: int, requests) -> None:
+    """Each request's adapter, drawn as one replica's LoRA.assign draws them (a cluster draws over its workload)."""
+    _draw(np.random.default_rng([int(seed), 0x10A]), cfg, _weights(cfg), requests)
+
+
 class LoRA:
     """Adapters per request, GPU slots and the host cache, and what loading and running them costs."""
 
@@ -92,8 +114,7 @@ class LoRA:
             raise UserError(f"lora: {cfg.max_loras} slot(s) of rank {cfg.rank} for {model.name} take "
                             f"{self.bytes * cfg.max_loras / 2**30:.1f} GiB per GPU, more than the GPU's memory")
         self.rng = np.random.default_rng([int(seed), 0x10A])
-        w = 1.0 / np.arange(1, cfg.adapters + 1, dtype=float) ** cfg.popularity
-        self.weights = w / w.sum()
+        self.weights = _weights(cfg)
         self.slots: OrderedDict = OrderedDict()      # adapters on the GPU, least recently used first
         self.host: OrderedDict = OrderedDict()       # adapters in host memory
         self.host_capacity = cfg.max_cpu_loras or cfg.max_loras
@@ -108,12 +129,7 @@ class LoRA:
 
     def assign(self, requests) -> None:
         """Draw each request's adapter (-1: the base model), in id order."""
-        reqs = sorted(requests, key=lambda r: r.id)
-        n = len(reqs)
-        base = self.rng.random(n) < self.cfg.base_fraction
-        pick = self.rng.choice(len(self.weights), size=n, p=self.weights)
-        for r, b, a in zip(reqs, base, pick):
-            r.adapter = -1 if b else int(a)
+        _draw(self.rng, self.cfg, self.weights, requests)
 
     def _load(self, a: int) -> float:
         """Seconds to bring adapter a into a GPU slot (host copy, or disk then host)."""
@@ -134,6 +150,11 @@ class LoRA:
     def step_time(self, batch) -> float:
         """Seconds a step's adapters add: loads of those not in a GPU slot, then their GEMMs."""
         active = {r.adapter for r in batch.reqs if r.adapter >= 0}
+        tokens = sum(c for r, c in zip(batch.reqs, batch.tokens) if r.adapter >= 0)
+        return self.charge(active, tokens)
+
+    def charge(self, active: set, tokens: int) -> float:
+        """step_time for a step whose requests name the adapters `active`, with `tokens` tokens on adapters."""
         if not active:
             return 0.0
         if len(active) > self.max_loras:
@@ -154,23 +175,62 @@ class LoRA:
             t += self._load(a)
             slots[a] = None
         self.load_time_s += t
-        tokens = sum(c for r, c in zip(batch.reqs, batch.tokens) if r.adapter >= 0)
-        compute = 0.0
-        if self.gpu is not None:
-            compute = max(tokens * self.flops_per_token / self.gpu.peak_flops,
-                          len(active) * self.bytes / self.gpu.hbm_bytes_per_s)
+        compute = self._compute(active, tokens)
         self.compute_time_s += compute
         self.steps += 1
         self.adapters_in_steps += len(active)
         return t + compute
+
+    def _compute(self, active, tokens) -> float:
+        if self.gpu is None:
+            return 0.0
+        return max(tokens * self.flops_per_token / self.gpu.peak_flops,
+                   len(active) * self.bytes / self.gpu.hbm_bytes_per_s)
+
+    # -- the exact fast paths: steady decode steps repeat one step's adapter set ---------------------------------
+    def resident_time(self, active: set, tokens: int):
+        """What charge() would return, changing nothing, when every adapter in `active` is in a GPU slot (no load);
+        None when one is not (the plain step loads it)."""
+        if not active:
+            return 0.0
+        slots = self.slots
+        for a in active:
+            if a not in slots:
+                return None
+        return self._compute(active, tokens)
+
+    def charge_steps(self, active: set, compute: float, k: int) -> None:
+        """Record k steps with the resident adapters `active`, each costing `compute`, as k charge() calls would:
+        the LRU orders after one such step stay put after the next, and the time is summed step by step."""
+        if not active or k <= 0:
+            return
+        slots, host = self.slots, self.host
+        for a in sorted(active):
+            slots.move_to_end(a)
+            if a in host:
+                host.move_to_end(a)
+        total = self.compute_time_s
+        for _ in range(k):
+            total += compute
+        self.compute_time_s = total
+        self.steps += k
+        self.adapters_in_steps += len(active) * k
 
     def reserved_bytes(self) -> float:
         """GPU memory the adapter slots take (per GPU)."""
         return self.bytes * self.max_loras
 
     def stats(self) -> dict:
-        nan = float("nan")
-        return {"lora_loads_from_host": self.loads_from_host, "lora_loads_from_disk": self.loads_from_disk,
-                "lora_load_time_s": self.load_time_s, "lora_compute_time_s": self.compute_time_s,
-                "lora_skipped_admissions": self.skipped,
-                "lora_adapters_per_step": self.adapters_in_steps / self.steps if self.steps else nan}
+        return merged_lora_stats([self])
+
+
+def merged_lora_stats(loras) -> dict:
+    """The LoRA counters summed over replicas (one replica: its own), the mean adapters per step from the sums."""
+    nan = float("nan")
+    steps = sum(x.steps for x in loras)
+    return {"lora_loads_from_host": sum(x.loads_from_host for x in loras),
+            "lora_loads_from_disk": sum(x.loads_from_disk for x in loras),
+            "lora_load_time_s": sum(x.load_time_s for x in loras),
+            "lora_compute_time_s": sum(x.compute_time_s for x in loras),
+            "lora_skipped_admissions": sum(x.skipped for x in loras),
+            "lora_adapters_per_step": sum(x.adapters_in_steps for x in loras) / steps if steps else nan}

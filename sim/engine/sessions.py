@@ -8,8 +8,9 @@ time as its arrival (TTFT and end-to-end latency count from it). Its prompt re-s
 caching the earlier turns' blocks are hit if they are still cached.
 
 A turn that can never run (its history grew past max_model_len or M) ends its session: the turns after it are
-marked infeasible too. Runs with sessions use the plain SimPy loop (arrivals depend on completions, so there is no
-arrival list to replay on the fast paths) and a single replica."""
+marked infeasible too. On the exact fast paths there is no SimPy: a SessionClock (sim/engine/arrivals.py) keeps the
+timers in SimPy's order, and a steady stretch stops at the completion of a turn that has a follower (its release is
+an arrival the stretch must not run past)."""
 from __future__ import annotations
 
 from sim.engine.request import INFEASIBLE
@@ -20,7 +21,8 @@ class Sessions:
 
     def __init__(self, sim):
         self.sim = sim
-        self.env = None                       # the SimPy environment, set when the run starts
+        self.env = None                       # the SimPy environment, set when the plain loop starts
+        self.clock = None                     # ... or the SessionClock, on the fast paths
         self.released = 0                     # turns that arrived after their predecessor completed
         self.think_total_s = 0.0
         self.abandoned = 0                    # turns never sent: an earlier turn of their session could not run
@@ -53,20 +55,31 @@ class Sessions:
         return dropped
 
     def release(self, r, now: float) -> None:
-        """`r` completed at `now`: its followers arrive after their think time."""
+        """`r` completed at `now`: its followers arrive after their think time (a follower refused from the start,
+        its history past max_model_len or M, is never sent: it stays infeasible, and the turns after it too)."""
+        if self.clock is not None:
+            for f in r.followers:
+                if f.state != INFEASIBLE:
+                    self.clock.add(f, now)
+            return
         for f in r.followers:
-            self.env.process(self._arrive(f, now))
+            if f.state != INFEASIBLE:
+                self.env.process(self._arrive(f, now))
 
     def _arrive(self, f, now):
         yield self.env.timeout(f.think_s)
         sim = self.sim
         f.arrival_s = self.env.now             # now + think_s, as the timer's event time
         sim.view.waiting.append(f)
-        self.released += 1
-        self.think_total_s += f.think_s
+        self.arrived_turn(f)
         sim.arrived += 1
         if sim._idle is not None and not sim._idle.triggered:
             sim._idle.succeed()
+
+    def arrived_turn(self, f) -> None:
+        """A follower joined the waiting queue."""
+        self.released += 1
+        self.think_total_s += f.think_s
 
     def abandon(self, r) -> None:
         """`r` was dropped mid-run: the turns after it are never sent (they count as done for the loop)."""
