@@ -118,7 +118,8 @@ class EconoServe(Policy):
         self.trigger = True
         self.stats = dict(gt_admissions=0, groups=0, group_sizes=[], hosted=0, hosted_done=0, hosted_preempted=0,
                           reserve_extensions=0, offload_free_stops=0, safety_evictions=0, lent_blocks=0,
-                          host_reclaims=0, reserve_blocks_used_max=0, queue_group_sizes=[])
+                          host_reclaims=0, reserve_blocks_used_max=0, queue_group_sizes=[], pipe_slots=0,
+                          pipe_no_candidate=0)
         self.now = 0.0
 
     # -- ordering ---------------------------------------------------------------------------------------------
@@ -338,7 +339,9 @@ class EconoServe(Policy):
                 for j in range(min(count, 2 ** (k - 1))):
                     start = (2 * j + 1) * region
                     i = bisect.bisect_right(allocs, target) - 1
-                    if i < 0:
+                    self.stats["pipe_slots"] += 1         # a region offered for lending
+                    if i < 0:                              # no queued GT short enough to finish inside it
+                        self.stats["pipe_no_candidate"] += 1
                         break
                     lender = min((s for s in slots if s[0] <= start - region < s[0] + s[1]
                                   and s[0] + s[1] >= start + region), key=lambda s: s[1])[2]

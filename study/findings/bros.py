@@ -39,8 +39,13 @@ def br(s: Scale, policy: str, rate: float, M: int | None = None, rt_only: bool =
     return memo(key, compute)
 
 
-def _per_rate(s, key, seed=0):
-    return {p: [br(s, p, r, seed=seed)[key] for r in RATES] for p in ("vllm", "bros-rr", "bros")}
+def _per_rate(s, key, seed=0, M=None, policies=("vllm", "bros-rr", "bros")):
+    return {p: [br(s, p, r, M=M, seed=seed)[key] for r in RATES] for p in policies}
+
+
+# BROS-vs-vLLM claims (BR-1, BR-6) run with the cache the paper used, the full size the engine profiles (M = 0 here):
+# there our vLLM already meets the TTFT target as rarely as the paper's (header); only RR's regime needs REGIME_M.
+PAPER_M = 0
 
 
 def _effect(s, fn):
@@ -48,15 +53,28 @@ def _effect(s, fn):
     return seed_effect([fn(k) for k in SEEDS])
 
 
-def counters(s) -> str:
+def counters(s, M=None, rates=RATES) -> str:
     """BROS's mechanism counters in the headline runs (seed 0): time-bound iterations, replacements, swap-outs."""
+    M = REGIME_M if M is None else M
     parts = []
-    for r in RATES:
-        st = br(s, "bros", r)["policy_stats"]
+    for r in rates:
+        st = br(s, "bros", r, M=M)["policy_stats"]
         parts.append(f"{r:g} req/s: time-bound iterations {st.get('time_bound_iters', 0)}, replacements "
                      f"{st.get('replacements', 0)}, extreme swap-outs {st.get('extreme_swapouts', 0)}, swapped-in "
                      f"slots {st.get('swap_in_slots', 0)}")
-    return "Mechanism (BROS, M = " + f"{REGIME_M}, seed 0): " + "; ".join(parts) + "."
+    return "Mechanism (BROS, " + (f"M = {M}" if M else "full-size cache") + ", seed 0): " + "; ".join(parts) + "."
+
+
+def regime_be_note(s) -> str:
+    """BE throughput BROS vs vLLM at REGIME_M (seed 0) and why it collapses there: BE requests whose slots RT
+    took (lazy checkpointing) stay started with KV fragments resident, so few BE prompts can be admitted."""
+    parts = []
+    for r in RATES:
+        b, v = br(s, "bros", r), br(s, "vllm", r)
+        parts.append(f"{r:g} req/s: BE {b['be_capacity_rps']:.2f} vs vLLM {v['be_capacity_rps']:.2f} req/s")
+    return (f"At M = {REGIME_M} (RR's regime, seed 0): " + "; ".join(parts) + ". There the BE backlog and RT share "
+            f"{REGIME_M} slots: RT requests take BE slots (lazy checkpointing and extreme swap-outs), the BE requests "
+            f"they hit stay started with KV fragments resident, and new BE prompts find no room. " + counters(s))
 
 
 PROBE_RATE = 10.0        # the paper's ablation RT rate (Fig. 13), for the TPOT probe
@@ -124,8 +142,9 @@ def _header(s) -> str:
     return (f"Regime: the paper's RR baseline misses the 0.4 s TTFT target 89% of the time (10.55% attainment) and "
             f"vLLM 98.7% (1.28%): RT requests wait for KV held by the BE backlog. With the example's full-size KV "
             f"cache our RR meets TTFT {100 * full['bros-rr']:.1f}% of the time and vLLM {100 * full['vllm']:.1f}% "
-            f"(no memory contention), so every claim runs with the KV cache at M = {REGIME_M} tokens, where the BE "
-            f"backlog fills it: attainment vLLM {100 * d['vllm']:.1f}%, RR {100 * d['bros-rr']:.1f}%, BROS "
+            f"(no memory contention). The full-size cache is the paper's, and with it our vLLM is in the paper's regime, so "
+            f"the claims comparing BROS with vLLM alone (BR-1, BR-6) run there; the claims with RR run with the KV "
+            f"cache at M = {REGIME_M} tokens, where the BE backlog fills it: attainment vLLM {100 * d['vllm']:.1f}%, RR {100 * d['bros-rr']:.1f}%, BROS "
             f"{100 * d['bros']:.1f}% (mean over RT rates {', '.join(f'{r:g}' for r in RATES)} req/s and "
             f"{len(SEEDS)} seeds). Rates are absolute, as the paper's. TPOT claims (BR-8, BR-11) need RT token gaps "
             f"over 0.2 s, which our GPU-time-only iterations never reach (every system meets TPOT there); they run in "
@@ -137,7 +156,8 @@ def _header(s) -> str:
 register_setup("bros", [
     ("model / GPUs", "OPT-13B over two A100-40GB (TP 2)", "same, roofline cost model, GPU time only"),
     ("KV cache", "what the engine sizes, filled by a closed-loop BE backlog",
-     f"{REGIME_M} tokens, so the BE backlog (32-request batches every 2 s) holds it as in the paper"),
+     f"the full size (BR-1, BR-6: BROS vs vLLM); {REGIME_M} tokens for claims with RR, so the BE backlog "
+     f"(32-request batches every 2 s) holds it and RR misses TTFT as in the paper"),
     ("RT workload", "ShareGPT (and LMSYS) traces", "ShareGPT-like lengths, Poisson; LMSYS not modelled"),
     ("BE workload", "closed loop of batch jobs", "32 requests every 2 s, prompt U(512,1024), output U(32,128)"),
     ("SLOs", "TTFT 0.4 s, TPOT 0.2 s", "same"),
@@ -163,19 +183,28 @@ def _mean_ratio(t, key_a, key_b, f=lambda a, b: a / max(b, 1e-3)):
 @register_claim("BR-1", "bros", "Abstract", "RT latency reduced by up to 74.20% and fine-grained SLO attainment up "
                 "to 36.38x vs vLLM, with negligible BE throughput reduction")
 def br1(s):
-    red = _effect(s, lambda k: max(1 - b / v for b, v in zip(*(_per_rate(s, "rt_normalized_latency_mean", k)[p]
+    def pr(key, k):
+        return _per_rate(s, key, k, M=PAPER_M, policies=("vllm", "bros"))
+    red = _effect(s, lambda k: max(1 - b / v for b, v in zip(*(pr("rt_normalized_latency_mean", k)[p]
                                                                for p in ("bros", "vllm")))))
-    ratio = [max(b / max(v, 1e-3) for b, v in zip(*(_per_rate(s, "rt_ttft_attainment", k)[p] for p in ("bros", "vllm"))))
+    ratio = [max(b / max(v, 1e-3) for b, v in zip(*(pr("rt_ttft_attainment", k)[p] for p in ("bros", "vllm"))))
              for k in SEEDS]
-    be = _effect(s, lambda k: 0.2 + min(b / v - 1 for b, v in zip(*(_per_rate(s, "be_capacity_rps", k)[p]
+    be = _effect(s, lambda k: 0.2 + min(b / v - 1 for b, v in zip(*(pr("be_capacity_rps", k)[p]
                                                                     for p in ("bros", "vllm")))))
-    att = seed_effect([r - 1 for r in ratio])
+    att_v = float(np.mean([np.mean(pr("rt_ttft_attainment", k)["vllm"]) for k in SEEDS]))
+    # direction of the attainment gain in points (BROS − vLLM): the ratio is ill-conditioned when vLLM's
+    # attainment is near zero (as the paper's 1.28%), so it is kept for the magnitude only
+    att = _effect(s, lambda k: max(b - v for b, v in zip(*(pr("rt_ttft_attainment", k)[p] for p in ("bros", "vllm")))))
     from study.findings.verdicts import combine
     d, why = combine([red, att, be])
     return Outcome("−74.20%; 36.38x; BE ≈ unchanged", f"RT normalized latency up to {fmt_effect(seed_effect([-v for v in red.values]), 'rel')}; "
-                   f"TTFT attainment up to {np.mean(ratio):.2f}x; BE throughput at worst {pct(be.mean - 0.2)}" + _rates(),
+                   f"TTFT attainment up to {np.mean(ratio):.2f}x; BE throughput at worst {pct(be.mean - 0.2)}" + _rates()
+                   + f", full-size cache (vLLM's TTFT attainment {100 * att_v:.1f}%, paper 1.28%)",
                    d, within(red.mean, 0.742) and within_ratio(float(np.mean(ratio)), 36.38),
-                   note="'negligible' read as a BE loss under 20% (the paper's own R3 is −11.29%). " + counters(s),
+                   note="'negligible' read as a BE loss under 20% (the paper's own R3 is −11.29%). The cache is the "
+                   "paper's (the full size the engine profiles): the claim compares BROS with vLLM only, and there "
+                   "vLLM's FCFS already misses the TTFT target as the paper's does. " + counters(s, PAPER_M) + " " +
+                   regime_be_note(s),
                    untestable=why)
 
 
@@ -221,17 +250,31 @@ for _id, _st in (("BR-4", "LMSYS-Chat-1M RT: average normalized latency −69.61
 @register_claim("BR-6", "bros", "7.2 (Fig. 10c, f)", "BROS keeps RT latency low even at an extremely high RT rate, "
                 "at the cost of BE throughput")
 def br6(s):
+    M = PAPER_M                               # BROS vs vLLM only: the paper's (full-size) cache, as BR-1
+
     def g(p, k):
-        return br(s, p, HIGH_RATE, seed=k)["rt_normalized_latency_mean"] / br(s, p, RATES[0], seed=k)["rt_normalized_latency_mean"]
+        return (br(s, p, HIGH_RATE, M=M, seed=k)["rt_normalized_latency_mean"] /
+                br(s, p, RATES[0], M=M, seed=k)["rt_normalized_latency_mean"])
     grow = {"vLLM growth / BROS growth": [g("vllm", k) / g("bros", k) for k in SEEDS]}
-    be = seed_effect([1 - br(s, "bros", HIGH_RATE, seed=k)["be_capacity_rps"] / br(s, "bros", RATES[0], seed=k)["be_capacity_rps"]
-                      for k in SEEDS])
+    # "keeps RT latency low": below vLLM's at the extreme rate (CI rule), and BROS's own growth under 2x
+    low = seed_effect([br(s, "vllm", HIGH_RATE, M=M, seed=k)["rt_normalized_latency_mean"] /
+                       br(s, "bros", HIGH_RATE, M=M, seed=k)["rt_normalized_latency_mean"] - 1 for k in SEEDS])
+    be = seed_effect([1 - br(s, "bros", HIGH_RATE, M=M, seed=k)["be_capacity_rps"] /
+                      br(s, "bros", RATES[0], M=M, seed=k)["be_capacity_rps"] for k in SEEDS])
     out = ratio_outcome("RT latency ≈ flat, BE throughput drops", grow)
+    from study.findings.verdicts import combine
     gb = float(np.mean([g("bros", k) for k in SEEDS]))
     out.ours = (f"RT rate {RATES[0]:g} → {HIGH_RATE:g} req/s: BROS RT normalized latency {gb:.2f}x, vLLM "
                 f"{np.mean([g('vllm', k) for k in SEEDS]):.2f}x; ratio of growths " + out.ours +
-                f"; BROS BE throughput change {fmt_effect(seed_effect([-v for v in be.values]), 'rel')}")
-    out.direction = out.direction and gb < 2 and be.verdict != "opposite"
+                f"; at {HIGH_RATE:g} req/s vLLM / BROS RT normalized latency {fmt_effect(low)}"
+                f"; BROS BE throughput change {fmt_effect(seed_effect([-v for v in be.values]), 'rel')}; full-size cache")
+    d, why = combine([low, be])
+    out.direction, out.untestable = d and gb < 2, why
+    out.note = ("direction: BROS's RT latency at the extreme rate below vLLM's there (CI rule), its own growth under "
+                "2x, and its BE throughput falling (CI rule); the ratio of growths is shown only (vLLM's RT latency "
+                "falls with the RT rate: it is set by the BE backlog's share of its FCFS queue). The paper's "
+                "(full-size) cache, as BR-1. " + counters(s, M, (RATES[0], HIGH_RATE)) +
+                (f" Untestable: {why}" if why else ""))
     return out
 
 

@@ -127,6 +127,95 @@ def kv_breakdown(s) -> dict:
     return out
 
 
+def decode_kv(s, dataset: str, policy: str, rate: float | None = None) -> dict:
+    """KV per decoding request at `dataset`'s vLLM knee (seed 0), sampled every 10th iteration: decoding requests
+    per iteration, KV blocks they hold (tokens) and tokens they have written, per request; the share of the cache
+    held by requests not decoding (EconoServe: GTs queued for a group, partial prompts); and the GPU time spent
+    moving swapped KV (vLLM's preemption cost here, beside the paper's 20% of JCT in Fig. 1e). `rate` overrides the
+    knee (tests)."""
+    if rate is None:
+        rate = sweep_rate(s) if dataset == "sharegpt" else round(econo_knee(dataset, n_req(s)), 4)
+
+    def compute():
+        import copy
+        from sim.scenario.build import build_simulation
+        from sim.scenario.config import scenario_from_dict
+        raw = copy.deepcopy(econo_scenario(dataset, policy, rate, n_req(s)))
+        raw.setdefault("sim", {})["fast_forward"] = False
+        sim = build_simulation(scenario_from_dict(raw))
+        pol, samples = sim.policy, []
+        orig = pol.schedule
+
+        def schedule(view):
+            b = orig(view)
+            if view.iteration % 10 == 0:
+                dec = [r for r in b.reqs if r.cached >= r.input_tokens]
+                if dec:
+                    ids = {id(r) for r in dec}
+                    B, total = view.memory.block_size, view.memory.total_blocks
+                    samples.append((len(dec), sum(r.blocks for r in dec) * B / len(dec),
+                                    sum(r.cached for r in dec) / len(dec),
+                                    sum(r.blocks for r in view.running if id(r) not in ids) / total))
+            return b
+        pol.schedule = schedule
+        res = sim.run()
+        it, cm = res.iterations, sim.costmodel
+        swap = cm.swap_time(int(it.swap_in_tokens.sum())) + cm.swap_time(int(it.swap_out_tokens.sum()))
+        a = np.asarray(samples, float).mean(0)
+        st = getattr(pol, "stats", {})
+        return {"decoding": a[0], "kv_per_decode": a[1], "written_per_decode": a[2], "held_not_decoding": a[3],
+                "swap_share": swap / float(it.duration_s.sum()), "rate": rate,
+                "pipe_slots": st.get("pipe_slots", 0), "pipe_no_candidate": st.get("pipe_no_candidate", 0)}
+    return memo(("econo-decode-kv", dataset, policy, n_req(s), rate), compute)
+
+
+CAP_SWEEP = (0.03, 0.08, 0.15, 0.25, 0.35)   # gt_queue_cap_frac: the one knob not from the paper (ambiguity 10)
+READINGS = {"grouping by exact predicted RL": {"rl_group_granularity": 1},
+            "grouping in 128-token buckets": {"rl_group_granularity": 128},
+            "static deadlines (SLO length)": {"deadline_mode": "static"}}   # the spec's other readings (§2.1, §2.7)
+
+
+def variant(s, knobs: dict) -> dict:
+    """Request throughput and mean admitted group size at ShareGPT's knee (seed 0) with `knobs` changed."""
+    def one():
+        raw = econo_scenario("sharegpt", FULL_NAME, sweep_rate(s), n_req(s))
+        raw["policy"].update(knobs)
+        r = run(raw)
+        return {"thr": r["throughput_rps"], "group": r["policy_stats"].get("group_size_mean", 0.0)}
+    return memo(("econo-variant", tuple(sorted(knobs.items())), n_req(s), sweep_rate(s)), one)
+
+
+def cap_sweep(s) -> dict:
+    """variant() as the backlog cap on queued GTs' prompt KV moves from the paper's reserve (3%) to 35% of the
+    cache: the one rule of ours the paper lacks."""
+    return {c: variant(s, {"gt_queue_cap_frac": c}) for c in CAP_SWEEP}
+
+
+def fidelity_note(s) -> str:
+    """Measured: exact allocation's KV per decoding GT beside vLLM's (both datasets), vLLM's swap cost, KV
+    pipelining's unmet slots and the backlog-cap sweep."""
+    parts = []
+    for d in DATASETS:
+        e, v = decode_kv(s, d, FULL_NAME), decode_kv(s, d, VLLM)
+        parts.append(f"{d} ({e['rate']:g} req/s): EconoServe holds {e['kv_per_decode']:.0f} KV tokens per decoding "
+                     f"GT ({e['written_per_decode']:.0f} written) vs vLLM's {v['kv_per_decode']:.0f} "
+                     f"({v['written_per_decode']:.0f} written), {e['kv_per_decode'] / v['kv_per_decode']:.2f}x; "
+                     f"{100 * e['held_not_decoding']:.0f}% of its KV held by requests not decoding; decoding GTs "
+                     f"{e['decoding']:.1f} vs {v['decoding']:.1f}; vLLM's swap transfers take "
+                     f"{100 * v['swap_share']:.1f}% of its GPU time")
+    st = es(s, "sharegpt", FULL_NAME, sweep_rate(s))["policy_stats"]
+    cs = cap_sweep(s)
+    vt = es(s, "sharegpt", VLLM, sweep_rate(s))["throughput_rps"]
+    return ("Fidelity checks (seed 0): " + "; ".join(parts) + f". KV pipelining: {st.get('pipe_slots', 0)} regions "
+            f"offered, {st.get('pipe_no_candidate', 0)} found no queued GT short enough (the short GTs fit the freed "
+            f"KV and were admitted as group members first). Backlog cap on queued prompts (ours; the paper's "
+            f"reserve is 3%) swept " + ", ".join(f"{100 * c:g}%: {v['thr']:.2f} req/s (groups {v['group']:.2f})"
+                                                 for c, v in cs.items()) +
+            "; the spec's other readings: " + ", ".join(f"{k}: {variant(s, kn)['thr']:.2f} req/s (groups "
+                                                       f"{variant(s, kn)['group']:.2f})" for k, kn in READINGS.items()) +
+            f"; vLLM {vt:.2f} req/s (ShareGPT).")
+
+
 def kv_note(s) -> str:
     k = kv_breakdown(s)
     return (f"KV use (same run, mean of samples): written by admitted GTs {100 * k['written']:.0f}%, reserved for them "
@@ -172,7 +261,7 @@ def es1(s):
                                                for d in DATASETS) for f in THRESHOLDS)
     out.ours += f"; threshold sweep (x vLLM's low-load latency) {sweep}"
     out.note = ("judged at the 4x threshold; magnitude against each range's middle; vLLM with swap preemption. " +
-                groups_note(s) + (" " + out.note if out.note else "")).strip()
+                groups_note(s) + " " + fidelity_note(s) + (" " + out.note if out.note else "")).strip()
     return out
 
 
@@ -188,7 +277,17 @@ def es2(s):
 def es3(s):
     a, g = gains(s, "alpaca", FULL_NAME, VLLM), gains(s, "sharegpt", FULL_NAME, VLLM)
     return ratio_outcome("Alpaca gain < ShareGPT gain", {"ShareGPT gain / Alpaca gain": [y / z for z, y in zip(a, g)]},
-                         note="per seed: the gain over vLLM on ShareGPT over the gain on Alpaca")
+                         note="per seed: the gain over vLLM on ShareGPT over the gain on Alpaca. " + kv_ratio_text(s))
+
+
+def kv_ratio_text(s) -> str:
+    """EconoServe's KV per decoding GT over vLLM's per decoding request, per dataset (decode_kv, seed 0)."""
+    return "Mechanism (seed 0, each dataset's vLLM knee): KV held per decoding request, EconoServe over vLLM: " + \
+        ", ".join(f"{d} {decode_kv(s, d, FULL_NAME)['kv_per_decode'] / decode_kv(s, d, VLLM)['kv_per_decode']:.2f}x"
+                  f" (decoding {decode_kv(s, d, FULL_NAME)['decoding']:.1f} vs {decode_kv(s, d, VLLM)['decoding']:.1f})"
+                  for d in DATASETS) + "; request throughput at the top of the rate grid (" + \
+        ", ".join(f"{d} {rates(s, d)[-1]:g} req/s: EconoServe {es(s, d, FULL_NAME, rates(s, d)[-1])['throughput_rps']:.2f}"
+                  f" vs vLLM {es(s, d, VLLM, rates(s, d)[-1])['throughput_rps']:.2f}" for d in DATASETS) + ")."
 
 
 @register_claim("ES-4", "econoserve", "1", "Up to 91% lower JCT than vLLM")
@@ -237,7 +336,8 @@ def es7(s):
     r = {"vs vLLM": [a / b for a, b in zip(e, per_seed(s, VLLM, key, d))],
          "vs Sarathi": [a / b for a, b in zip(e, per_seed(s, SARATHI, key, d))]}
     out = ratio_outcome("+27% vs vLLM, +18% vs Sarathi", r, {"vs vLLM": 1.27, "vs Sarathi": 1.18},
-                        note="utilization = KV actually written, sampled every 10 iterations, mean over rates")
+                        note="utilization = KV actually written, sampled every 10 iterations, mean over rates. " +
+                        kv_ratio_text(s))
     out.ours = f"written KV / capacity {100 * np.mean(e):.0f}%; " + out.ours
     return out
 
@@ -458,10 +558,11 @@ def distserve(s: Scale, dataset: str, rate: float, pairs: int = 1, seed: int = 0
     return memo(("distserve", dataset, rate, n, pairs) + ((seed,) if seed else ()), lambda: run_cluster(raw))
 
 
-def econo_replicas(s: Scale, dataset: str, policy: str, rate: float, replicas: int, n: int) -> dict:
-    raw = econo_scenario(dataset, policy, rate, n)
+def econo_replicas(s: Scale, dataset: str, policy: str, rate: float, replicas: int, n: int, seed: int = 0) -> dict:
+    raw = econo_scenario(dataset, policy, rate, n, None, seed)
     raw["cluster"] = {"replicas": replicas, "router": "least_requests"}
-    return memo(("econo-replicas", dataset, policy, rate, replicas, n), lambda: run_cluster(raw))
+    return memo(("econo-replicas", dataset, policy, rate, replicas, n) + ((seed,) if seed else ()),
+                lambda: run_cluster(raw))
 
 
 @register_claim("ES-F17", "econoserve", "2 (F17)", "vs DistServe (2 GPUs, 100 Gb/s): SyncDecoupled on one GPU has 9% "
@@ -522,24 +623,24 @@ def es_o6(s):
 @register_claim("ES-F12", "econoserve", "5.4 (Fig. 12)", "EconoServe needs 73% fewer GPUs than DistServe for the "
                 "same goodput (homogeneous A100s, Ethernet)")
 def es_f12(s):
+    """Per seed: the fewest EconoServe GPUs (replicas) whose goodput reaches DistServe's on 2·PAIRS GPUs; the share
+    of GPUs saved is judged by the CI rule (a seed that never reaches it within 2·PAIRS GPUs saves none)."""
     rate = sweep_rate(s) * PAIRS_FIG12
-    d = distserve(s, "sharegpt", rate, PAIRS_FIG12)
-    need = None
-    for n in range(1, 2 * PAIRS_FIG12 + 1):
-        e = econo_replicas(s, "sharegpt", FULL_NAME, rate, n, n_req(s) * PAIRS_FIG12)
-        if e["goodput_rps"] >= d["goodput_rps"]:
-            need = n
-            break
-    gpus = d["gpus"]
-    if need is None:
-        return Outcome("73% fewer GPUs", f"EconoServe did not reach DistServe's goodput ({d['goodput_rps']:.2f} "
-                       f"req/s) with up to {gpus} GPUs", False, False)
-    fewer = 1 - need / gpus
-    return Outcome("73% fewer GPUs", f"{need} EconoServe GPUs match DistServe's goodput {d['goodput_rps']:.2f} req/s "
-                   f"on {gpus} GPUs: {100 * fewer:.0f}% fewer", fewer > 0, within(fewer, 0.73),
+    rows = []
+    for k in SEEDS:
+        d = distserve(s, "sharegpt", rate, PAIRS_FIG12, seed=k)
+        need = next((n for n in range(1, 2 * PAIRS_FIG12 + 1)
+                     if econo_replicas(s, "sharegpt", FULL_NAME, rate, n, n_req(s) * PAIRS_FIG12, seed=k)["goodput_rps"]
+                     >= d["goodput_rps"]), None)
+        rows.append((d["gpus"], need, d["goodput_rps"]))
+    fewer = seed_effect([0.0 if need is None else 1 - need / gpus for gpus, need, _ in rows])
+    per = ", ".join(f"{'>' + str(g) if n is None else n} of {g} (DistServe goodput {gp:.2f} req/s)" for g, n, gp in rows)
+    return Outcome("73% fewer GPUs", f"EconoServe GPUs matching DistServe's goodput per seed: {per}; GPUs saved "
+                   f"{fmt_effect(fewer, 'rel')} ({len(SEEDS)} seeds)", fewer.verdict != "opposite",
+                   within(fewer.mean, 0.73),
                    note=f"ShareGPT at {rate} req/s; DistServe {PAIRS_FIG12} prefill + {PAIRS_FIG12} decode GPUs, "
                         "EconoServe replicas behind least-outstanding-requests (the paper's shortest queue); "
-                        "goodput = requests meeting EconoServe's JCT SLO per second")
+                        "goodput = requests meeting EconoServe's JCT SLO per second", untestable=fewer.reason)
 
 
 attach_why(WHY)   # after every claim of this module is registered (the DistServe ones come last)

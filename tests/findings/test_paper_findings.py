@@ -19,10 +19,8 @@ FULL_ONLY = {"AS-2", "AS-4", "AS-5", "BR-7", "BR-10", "ES-16", "AL-8"}
 # Directions our simulator does not reproduce (the claims' why= say why); claims that are untestable here (a tie
 # or saturation) skip themselves in the direction tests.
 KNOWN_DISAGREEMENTS = {   # the full-scale verdicts of docs/reproduction.md (3 seeds, the CI rule); why in whys.json
-    "BR-1": "in the memory-bound regime BROS completes far less BE work than vLLM",
-    "BR-6": "BROS's RT latency grows at the extreme RT rate; vLLM's is set by the BE backlog",
-    "ES-1": "on ShareGPT admitted groups are single GTs, so synced admission lowers the sustainable rate",
-    "ES-3": "the gain is on Alpaca, not ShareGPT",
+    "ES-1": "on ShareGPT exact allocation holds more KV per decoding request than vLLM, so fewer decode at once",
+    "ES-3": "exact allocation costs more KV on ShareGPT than on Alpaca, so the gain is on Alpaca",
     "ES-7": "padded up-front reservations leave less of EconoServe's KV written",
     "ES-F17": "DistServe beats EconoServe on the same GPUs",
     "ES-O6": "EconoServe's utilization is not above DistServe's",
