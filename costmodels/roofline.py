@@ -243,7 +243,16 @@ class RooflineCostModel(CostModel):
             occ = math.pow(1.0 + (c[1] + c[5] * (kv_read / n) / 1000.0) / n, c[4])
         else:
             occ = self._occupancy(n)
-        return kv_read * c[0] * occ + c[2] * n + c[3]
+        return max(kv_read * c[0] * occ + c[2] * n + c[3], kv_read * self._kv_read_s)
+
+    def _set_kv_read_floor(self):
+        """Seconds to stream one cached token's K and V of a layer at the GPU's peak bandwidth: no decode attention
+        is faster than its KV over that (issue #29's physics floor). decode_memory_eff above 1 is an L2-hit allowance
+        fitted where each request's KV was small; at hundreds of requests nothing else offsets it, so without the
+        floor gigabytes of KV were read at up to 1.35x peak."""
+        s = self.shard
+        kvw = s.mla_latent / 2 if s.mla_latent else s.kv_width
+        self._kv_read_s = 2.0 * kvw * s.kv_bytes / self.gpu.hbm_bytes_per_s
 
     def _occupancy(self, b: int) -> float:
         """(1 + b_half/b)^γ, from a table (math.pow per entry, so every path gets the same float)."""
@@ -274,7 +283,7 @@ class RooflineCostModel(CostModel):
     def _mixed_decode_s(self, n: int, kv_read) -> float:
         c = self._dec_mixed
         occ = math.pow(1.0 + (c[1] + c[5] * (kv_read / n) / 1000.0) / n, c[4])
-        return kv_read * c[0] * occ + c[2] * n + c[3]
+        return max(kv_read * c[0] * occ + c[2] * n + c[3], kv_read * self._kv_read_s)
 
     def batch_decode_attn_time(self, shape: BatchShape) -> float:
         """Decode attention per layer of the batch's decodes, priced as the batch runs them (see _dec_mixed)."""
@@ -321,6 +330,7 @@ class RooflineCostModel(CostModel):
                      per_seq + 2.0 * s.q_width * s.act_bytes / (g.hbm_bytes_per_s * p["decode_memory_eff"]),
                      p["decode_fixed_s"], p["decode_batch_exp"], 0.0)
         self._small = {}                # measured decode rows by batch size (the profiled model's; none here)
+        self._set_kv_read_floor()
         chunk_bytes = 2.0 * s.q_width * s.act_bytes + 2.0 * kv_token     # Q, O; the chunk's K/V read and written
         self._pre = (4.0 * s.q_width / (g.peak_flops * p["prefill_ck_eff"]),
                      4.0 * s.q_width / (g.peak_flops * p["prefill_cc_eff"]) / 2.0,
@@ -366,7 +376,7 @@ class RooflineCostModel(CostModel):
             elif c[5] or n_decode in self._small:
                 attn = self._decode_layer_s(n_decode, kv_read)
             else:
-                attn = kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3]
+                attn = max(kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3], kv_read * self._kv_read_s)
         if n_prefill:
             a = self._pre
             attn += (a[0] * sum_ck + a[1] * sum_c2 + a[2] * (n_tokens - n_decode) + a[3] * sum_k_prefill
@@ -390,7 +400,8 @@ class RooflineCostModel(CostModel):
             attn = np.array([self._decode_layer_s(b, kv) if b else c[3]
                              for b, kv in zip(n.tolist(), kv_read.tolist())])
         else:
-            attn = kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * n.astype(float) + c[3]
+            attn = np.maximum(kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * n.astype(float) + c[3],
+                              kv_read.astype(float) * self._kv_read_s)
             for i in np.flatnonzero(np.isin(n, list(self._small))) if self._small else ():
                 attn[i] = self._decode_layer_s(int(n[i]), int(kv_read[i]))     # measured small-batch rows
         layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))

@@ -56,6 +56,39 @@ def test_every_gpu_and_model_respects_the_floors_and_grows_with_work():
                     assert all(a <= b for a, b in zip(seq, seq[1:])), (m.name, g.name, tp, seq)
 
 
+def test_decode_steps_with_the_kv_filling_memory_read_it_no_faster_than_bandwidth():
+    """Issue #29's physics floor: a decode step whose batch fills the KV cache (b = 1 .. 1,024 requests, every catalog
+    GPU × model × TP that fits) takes at least the weights' read (the reachable experts' for MoE) plus the KV's read
+    at the GPU's peak bandwidth, and grows with the batch at a fixed per-request context."""
+    from costmodels.catalog import kv_capacity_tokens
+    from sim.errors import UserError
+    checked = 0
+    for m in MODELS.values():
+        for g in GPUS.values():
+            for tp in _valid_tps(m):
+                try:
+                    cap = kv_capacity_tokens(m, g, tp=tp)
+                except (UserError, ValueError):
+                    continue                     # the weights do not fit this GPU at this TP
+                if cap < 64:
+                    continue
+                cm = RooflineCostModel(m, g, tp=tp)
+                kv_token = m.kv_bytes_per_token(tp=tp)
+                prev = 0.0
+                for b in (1, 16, 81, 82, 128, 256, 1024):
+                    ctx = max(1, min(cap // b - 1, m.max_context - 1))
+                    shape = BatchShape([], [], [ctx] * b)
+                    w, _ = floors(m, g, tp, shape)
+                    kv = b * (ctx + 1) * kv_token / g.hbm_bytes_per_s
+                    t = cm.batch_time(shape)
+                    assert t >= w + kv, (m.name, g.name, tp, b, t, w + kv)
+                    fixed = cm.batch_time(BatchShape([], [], [256] * b))
+                    assert fixed >= prev, (m.name, g.name, tp, b)
+                    prev = fixed
+                    checked += 1
+    assert checked > 1000
+
+
 def test_a_batch_1_decode_by_hand():
     """One decode token of Llama-2-7B on an A100, term by term: the weight read dominates."""
     cm = RooflineCostModel(L7, A100)
