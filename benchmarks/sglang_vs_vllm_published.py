@@ -23,10 +23,13 @@ sglang.bench_serving printed with the Llama-3.1 tokenizer in a public issue (LEN
 376,493 output tokens over 2,000 prompts, i.e. 226.8 and 188.2 per request), drawn again until they pass the
 benchmark's filter (both >= 4 tokens, prompt <= 1024, prompt + output <= 2048). The published offline row itself
 implies 194.3 output tokens per request (output over request throughput), a check on that choice, not an input.
+`--lengths aptbros` swaps in the untruncated means of the ShareGPT fit in traces/aptbros.py (Llama-2 tokens),
+to show which results hang on the length assumption.
 
 Printed: per engine, mean over seeds with a 95% t-interval, published beside simulated, and the SGLang/vLLM ratios.
 
-  PYTHONPATH=. python benchmarks/sglang_vs_vllm_published.py [--seeds 5] [--offline-requests 5000] [--out FILE]
+  PYTHONPATH=. python benchmarks/sglang_vs_vllm_published.py [--seeds 5] [--offline-requests 5000]
+      [--lengths issue1639|aptbros] [--out FILE]
 """
 from __future__ import annotations
 
@@ -46,6 +49,10 @@ LENGTH_SOURCE = "https://github.com/sgl-project/sglang/issues/1639"
 VERSIONS = {"sglang": "0.3.0", "vllm": "0.6.0 (V0 engine, --num-scheduler-steps 10)"}
 MODEL, GPU, MAX_MODEL_LEN = "llama-3.1-8b", "a100-80gb", 4096
 MEAN_PROMPT, MEAN_OUTPUT = 453502 / 2000, 376493 / 2000
+# Mean (prompt, output) tokens per request: the default from LENGTH_SOURCE; `aptbros` (a sensitivity check) uses
+# the untruncated means of the ShareGPT fit in traces/aptbros.py (vLLM's benchmark sampling, Llama-2 tokens).
+LENGTHS = {"issue1639": (MEAN_PROMPT, MEAN_OUTPUT),
+           "aptbros": tuple(float(np.exp(m + s * s / 2)) for m, s in (SHAREGPT_PROMPT, SHAREGPT_OUTPUT))}
 
 # Figures as published; latencies in milliseconds.
 PUBLISHED = {
@@ -73,15 +80,15 @@ def _mu(mean: float, sigma: float) -> float:
     return float(np.log(mean) - sigma ** 2 / 2)
 
 
-def bench_sharegpt_lengths(n: int, rng: np.random.Generator):
+def bench_sharegpt_lengths(n: int, rng: np.random.Generator, means=(MEAN_PROMPT, MEAN_OUTPUT)):
     """(prompt, output) token counts passing sglang.bench_serving's ShareGPT filter; rejected pairs are redrawn."""
     sp, so = SHAREGPT_PROMPT[1], SHAREGPT_OUTPUT[1]
     p = np.empty(n, np.int64)
     o = np.empty(n, np.int64)
     todo = np.arange(n)
     while len(todo):
-        pp = np.rint(rng.lognormal(_mu(MEAN_PROMPT, sp), sp, len(todo))).astype(np.int64)
-        oo = np.rint(rng.lognormal(_mu(MEAN_OUTPUT, so), so, len(todo))).astype(np.int64)
+        pp = np.rint(rng.lognormal(_mu(means[0], sp), sp, len(todo))).astype(np.int64)
+        oo = np.rint(rng.lognormal(_mu(means[1], so), so, len(todo))).astype(np.int64)
         ok = (pp >= 4) & (oo >= 4) & (pp <= 1024) & (pp + oo <= 2048)
         p[todo[ok]], o[todo[ok]] = pp[ok], oo[ok]
         todo = todo[~ok]
@@ -93,14 +100,14 @@ def _workload(spec, rng, where):
     """ShareGPT-like requests as sglang.bench_serving sends them: all at t = 0 (rate 'inf') or Poisson at `rate`."""
     n = int(spec["num_requests"])
     rate = spec.get("rate")
-    p, o = bench_sharegpt_lengths(n, rng)
+    p, o = bench_sharegpt_lengths(n, rng, LENGTHS[spec.get("lengths", "issue1639")])
     arrivals = np.zeros(n) if rate is None else np.cumsum(rng.exponential(1.0 / float(rate), n))
     return pd.DataFrame({"arrival_s": arrivals, "prompt_tokens": p, "output_tokens": o})
 
 
-def scenario(engine: str, n: int, seed: int, rate: float | None = None) -> dict:
+def scenario(engine: str, n: int, seed: int, rate: float | None = None, lengths: str = "issue1639") -> dict:
     policy, mem = ENGINES[engine]
-    wl = {"kind": "sglang-bench-sharegpt", "num_requests": n}
+    wl = {"kind": "sglang-bench-sharegpt", "num_requests": n, "lengths": lengths}
     if rate is not None:
         wl["rate"] = rate
     return {"name": f"sglang-vs-vllm-{engine}", "seed": seed,
@@ -108,10 +115,10 @@ def scenario(engine: str, n: int, seed: int, rate: float | None = None) -> dict:
             "hardware": {"gpu": GPU, "gpu_memory_utilization": mem}, "policy": dict(policy), "workload": wl}
 
 
-def run(engine: str, n: int, seed: int, rate: float | None = None) -> dict:
+def run(engine: str, n: int, seed: int, rate: float | None = None, lengths: str = "issue1639") -> dict:
     from sim.cluster.runner import run_scenario
     from sim.scenario.config import scenario_from_dict
-    res = run_scenario(scenario_from_dict(scenario(engine, n, seed, rate)))
+    res = run_scenario(scenario_from_dict(scenario(engine, n, seed, rate, lengths)))
     s, req = res.summary, res.requests
     if s["completed"] != n:
         raise RuntimeError(f"{engine}: {s['completed']} of {n} requests completed")
@@ -131,14 +138,14 @@ def interval(xs) -> tuple[float, float]:
     return float(xs.mean()), float(stats.t.ppf(0.975, len(xs) - 1) * xs.std(ddof=1) / np.sqrt(len(xs)))
 
 
-def collect(seeds, n_offline: int, online_scale: float = 1.0) -> dict:
+def collect(seeds, n_offline: int, online_scale: float = 1.0, lengths: str = "issue1639") -> dict:
     """Every engine on the offline and the two online settings, per seed; ratios are taken within a seed."""
     out = {"offline": {}, "online": {}}
     for e in ENGINES:
-        out["offline"][e] = [run(e, n_offline, s) for s in seeds]
+        out["offline"][e] = [run(e, n_offline, s, None, lengths) for s in seeds]
     for rate, pub in PUBLISHED["online"].items():
         n = max(1, int(round(pub["num_prompts"] * online_scale)))
-        out["online"][rate] = {e: [run(e, n, s, float(rate)) for s in seeds] for e in ENGINES}
+        out["online"][rate] = {e: [run(e, n, s, float(rate), lengths) for s in seeds] for e in ENGINES}
     return out
 
 
@@ -168,9 +175,10 @@ def _fmt(s: dict) -> str:
     return f"{s['mean']:.2f} ± {s['ci95']:.2f}"
 
 
-def report(summ: dict) -> None:
+def report(summ: dict, lengths: str = "issue1639") -> None:
     print(f"source: {SOURCE}  (SGLang {VERSIONS['sglang']} vs vLLM {VERSIONS['vllm']})")
-    print(f"{MODEL} on one {GPU}, ShareGPT-like lengths (means from {LENGTH_SOURCE})")
+    print(f"{MODEL} on one {GPU}, ShareGPT-like lengths, means {LENGTHS[lengths][0]:.1f} / {LENGTHS[lengths][1]:.1f} "
+          f"({LENGTH_SOURCE if lengths == 'issue1639' else 'traces/aptbros.py'}, before the filter)")
     pub = PUBLISHED["offline"]
     print("\noffline (all requests at t = 0):")
     print(f"{'engine':14s} {'req/s sim':>16s} {'req/s pub':>10s} {'out tok/s sim':>20s} {'out tok/s pub':>14s}")
@@ -201,17 +209,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--offline-requests", type=int, default=PUBLISHED["offline"]["num_prompts"])
     ap.add_argument("--online-scale", type=float, default=1.0, help="fraction of the published prompt counts")
+    ap.add_argument("--lengths", choices=sorted(LENGTHS), default="issue1639",
+                    help="mean lengths: issue1639 (Llama-3.1 tokens, default) or aptbros (sensitivity check)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sglang_vs_vllm_published.json"))
     args = ap.parse_args(argv)
     seeds = list(range(1, args.seeds + 1))
-    raw = collect(seeds, args.offline_requests, args.online_scale)
+    raw = collect(seeds, args.offline_requests, args.online_scale, args.lengths)
     summ = summarise(raw)
-    report(summ)
+    report(summ, args.lengths)
     write_json(args.out, {"source": SOURCE, "length_source": LENGTH_SOURCE, "versions": VERSIONS,
                           "published": PUBLISHED, "engines": {e: {"policy": p, "gpu_memory_utilization": m}
                                                               for e, (p, m) in ENGINES.items()},
                           "seeds": seeds, "offline_requests": args.offline_requests,
-                          "online_scale": args.online_scale, "summary": summ})
+                          "online_scale": args.online_scale, "lengths": args.lengths,
+                          "mean_lengths": LENGTHS[args.lengths], "summary": summ})
     return 0
 
 
