@@ -164,3 +164,16 @@ def test_walked_cohort_steps_are_the_plain_loops(monkeypatch):
     assert walked > total // 4, (walked, total)          # most steady steps come from a walk
     _, _, plain = _tables(_raw(replicas=4, fast=False))
     _same(fast, plain)
+
+
+@pytest.mark.parametrize("router", ["least_tokens", "round_robin"])
+def test_compacted_end_times_give_the_plain_loops_tables(router, monkeypatch):
+    """A cohort that never empties drops the end times of steps no live member needs (else one float per step of
+    the whole run): with a tiny first array it compacts often, and the tables stay the plain loop's."""
+    import sim.engine.cohort as cohort_mod
+    monkeypatch.setattr(cohort_mod, "ENDS", 4)
+    raw = _raw(replicas=3, router=router)
+    c, run, fast = _tables(raw)
+    assert sum(h.sim.cohort.compactions for h in run.replicas if h.built and h.sim.cohort) > 0
+    _, _, plain = _tables(_raw(replicas=3, router=router, fast=False))
+    _same(fast, plain)

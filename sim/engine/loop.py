@@ -484,7 +484,7 @@ class Simulation:
             kv_cached = view.kv_cached_tokens
             offloaded = mem.offloaded_tokens if record else 0
             ends, taking = cohort.ends, cohort.taking      # (both replaced when the cohort empties)
-            cap = len(ends)
+            cap, base = len(ends), cohort.base
             if inline:
                 base, sdn, b_d, cpu, a_d = step_time.at(n)
             k = used_sum = 0
@@ -505,11 +505,10 @@ class Simulation:
                             break
                         del first_block[step]
                         taking[res] += first
-                    if s + k > cap:
-                        while cap < s + k:
-                            ends = cohort.ends = np.concatenate((ends, np.empty(cap)))
-                            cap = len(ends)
-                    ends[s:s + k] = w_ends[:k]
+                    if s - base + k > cap:
+                        ends = cohort.room(s, k)
+                        cap, base = len(ends), cohort.base
+                    ends[s - base:s - base + k] = w_ends[:k]
                     free = w_frees[k - 1]
                     t = w_ends[k - 1]
                     start = w_ends[k - 2] if k > 1 else walk[0][0]
@@ -549,10 +548,10 @@ class Simulation:
                 free -= due
                 it += 1
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
-                if s == cap:
-                    ends = cohort.ends = np.concatenate((ends, np.empty(s)))
-                    cap = len(ends)
-                ends[s] = t
+                if s - base == cap:
+                    ends = cohort.room(s, 1)
+                    cap, base = len(ends), cohort.base
+                ends[s - base] = t
                 s = s1
                 cached = kv
                 kv_cached += n
