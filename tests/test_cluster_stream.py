@@ -166,14 +166,19 @@ def test_walked_cohort_steps_are_the_plain_loops(monkeypatch):
     _same(fast, plain)
 
 
-@pytest.mark.parametrize("router", ["least_tokens", "round_robin"])
-def test_compacted_end_times_give_the_plain_loops_tables(router, monkeypatch):
+@pytest.mark.parametrize("router,costmodel", [("least_tokens", "linear"), ("least_tokens", None),
+                                               ("round_robin", "linear")])
+def test_compacted_end_times_give_the_plain_loops_tables(router, costmodel, monkeypatch):
     """A cohort that never empties drops the end times of steps no live member needs (else one float per step of
-    the whole run): with a tiny first array it compacts often, and the tables stay the plain loop's."""
+    the whole run): with a tiny first array it compacts often, and the tables stay the plain loop's (the linear
+    model's step time is inlined, the default's called)."""
     import sim.engine.cohort as cohort_mod
     monkeypatch.setattr(cohort_mod, "ENDS", 4)
-    raw = _raw(replicas=3, router=router)
-    c, run, fast = _tables(raw)
+
+    def raw(fast):
+        r = _raw(replicas=3, router=router, fast=fast)
+        return {**r, "costmodel": {"kind": costmodel}} if costmodel else r
+    c, run, fast = _tables(raw(True))
     assert sum(h.sim.cohort.compactions for h in run.replicas if h.built and h.sim.cohort) > 0
-    _, _, plain = _tables(_raw(replicas=3, router=router, fast=False))
+    _, _, plain = _tables(raw(False))
     _same(fast, plain)

@@ -484,7 +484,7 @@ class Simulation:
             kv_cached = view.kv_cached_tokens
             offloaded = mem.offloaded_tokens if record else 0
             ends, taking = cohort.ends, cohort.taking      # (both replaced when the cohort empties)
-            cap, base = len(ends), cohort.base
+            cap, off = len(ends), cohort.base
             if inline:
                 base, sdn, b_d, cpu, a_d = step_time.at(n)
             k = used_sum = 0
@@ -505,10 +505,10 @@ class Simulation:
                             break
                         del first_block[step]
                         taking[res] += first
-                    if s - base + k > cap:
+                    if s - off + k > cap:
                         ends = cohort.room(s, k)
-                        cap, base = len(ends), cohort.base
-                    ends[s - base:s - base + k] = w_ends[:k]
+                        cap, off = len(ends), cohort.base
+                    ends[s - off:s - off + k] = w_ends[:k]
                     free = w_frees[k - 1]
                     t = w_ends[k - 1]
                     start = w_ends[k - 2] if k > 1 else walk[0][0]
@@ -548,10 +548,10 @@ class Simulation:
                 free -= due
                 it += 1
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
-                if s - base == cap:
+                if s - off == cap:
                     ends = cohort.room(s, 1)
-                    cap, base = len(ends), cohort.base
-                ends[s - base] = t
+                    cap, off = len(ends), cohort.base
+                ends[s - off] = t
                 s = s1
                 cached = kv
                 kv_cached += n
