@@ -162,6 +162,7 @@ def test_walked_cohort_steps_are_the_plain_loops(monkeypatch):
     walked = sum(h.sim.walked_iterations for h in run.replicas if h.built)
     total = sum(h.sim.view.iteration for h in run.replicas if h.built)
     assert walked > total // 4, (walked, total)          # most steady steps come from a walk
+    assert c.late_wakes > 0                              # woken by a request at the end of the step it falls in
     _, _, plain = _tables(_raw(replicas=4, fast=False))
     _same(fast, plain)
 
