@@ -183,3 +183,16 @@ def test_compacted_end_times_give_the_plain_loops_tables(router, costmodel, monk
     assert sum(h.sim.cohort.compactions for h in run.replicas if h.built and h.sim.cohort) > 0
     _, _, plain = _tables(raw(False))
     _same(fast, plain)
+
+
+
+@pytest.mark.parametrize("M,record", [(4000, False), (4000, True), (30000, False)])
+def test_inlined_walks_give_the_plain_loops_tables(M, record):
+    """The lookahead's walk under the inlined linear step time (its own loop) gives the plain loop's tables bit for
+    bit, with KV tight enough for shortfalls and with or without the iteration table."""
+    def raw(fast):
+        return {**_raw(replicas=3, fast=fast, M=M, record=record), "costmodel": {"kind": "linear"}}
+    c, run, fast = _tables(raw(True))
+    assert sum(h.sim.walked_iterations for h in run.replicas if h.built) > 0
+    _, _, plain = _tables(raw(False))
+    _same(fast, plain)

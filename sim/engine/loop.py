@@ -520,9 +520,14 @@ class Simulation:
                             rows.append((starts[j], w_dts[j], n, 0, n, n_running, queue_len,
                                          (total_blocks - w_frees[j]) * bs if plain_used else _used(mem, w_frees[j]),
                                          kv, 0, 0, 0))
+                    elif plain_used:                  # free blocks only fall over a walk: the last step uses most
+                        used_sum += bs * (k * total_blocks - sum(w_frees[:k]))
+                        used = (total_blocks - w_frees[k - 1]) * bs
+                        if used > used_max:
+                            used_max = used
                     else:
                         for f in w_frees[:k]:
-                            used = (total_blocks - f) * bs if plain_used else _used(mem, f)
+                            used = _used(mem, f)
                             used_sum += used
                             if used > used_max:
                                 used_max = used
@@ -624,10 +629,48 @@ class Simulation:
         inline = step_time.inline
         if inline:
             base, sdn, b_d, cpu, a_d = step_time.at(n)
+        steps = int(min(max_steps, stop - self.view.iteration))
         wake = t
         ends, dts, frees, events = [], [], [], []
         completes = False
-        for _ in range(int(min(max_steps, stop - self.view.iteration))):
+        if inline:
+            # the loop below, specialised: first-block steps looked up only where one is due (they are few), the
+            # step times kept only for a table that records them
+            keep_dts = self.record_iterations
+            firsts = sorted(f for f, c in first_block.items() if s < f <= s + steps and c)
+            firsts.append(math.inf)
+            fi, nxt = 0, firsts[0]
+            for _ in range(steps):
+                s += 1
+                res = s % bs
+                if s == nxt:
+                    first = first_block[s]
+                    fi += 1
+                    nxt = firsts[fi]
+                    due = taking[res] + first
+                    if due > free:
+                        break
+                    taking[res] += first
+                    events.append((s, res, first))
+                else:
+                    due = taking[res]
+                    if due > free:
+                        break
+                free -= due
+                context += n
+                dt = (base + (a_d * context + sdn + b_d)) + cpu
+                wake = wake + dt
+                ends.append(wake)
+                if keep_dts:
+                    dts.append(dt)
+                frees.append(free)
+                if s == done:
+                    completes = True
+                    break
+            walk = (ends, dts, frees, events, len(ends) - completes)
+            self._lookahead = (key, wake, walk)
+            return wake
+        for _ in range(steps):
             s += 1
             res = s % bs
             first = first_block.get(s, 0)
