@@ -64,9 +64,13 @@ def test_streamed_requests_and_retired_rows_give_the_listed_run_tables(policy, f
     monkeypatch.setattr(cluster_mod, "FLUSH", 32)          # flush (and retire) often in a small run
     monkeypatch.setattr(cluster_mod, "MIN_FLUSH", 8)
     raw = _raw(policy, router, fast=fast, record=record)
-    c, run, streamed = _tables(raw)
+    scn = scenario_from_dict(raw)
+    c = Cluster(scn)
+    run = c.run()
     assert c.stream
-    retired = sum(len(h.sim.rows) for h in run.replicas if h.built)
+    streamed = cluster_result(scn, run, 0.0)
+    assert all(h.sim.rows is None for h in run.replicas if h.built)   # let go once in the table
+    retired = sum(h.sim.rows_retired for h in run.replicas if h.built)
     done = int(streamed.summary["completed"])
     assert retired > done // 2, (retired, done)           # the mechanism fired: most rows left as columns
     # what is still held as objects: at most a flush's worth per replica (nothing is kept for every request)

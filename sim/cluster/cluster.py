@@ -568,6 +568,7 @@ class Cluster:
             for h in self.replicas:
                 if h.built:                      # a replica never sent a request stays idle and unbuilt
                     h.result = h.sim.run()
+                    h.sim.release_rows()         # (in its tables now)
             self._check_ledgers()
             return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
         if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules

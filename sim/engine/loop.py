@@ -120,6 +120,7 @@ class Simulation:
         self.on_complete = None                 # cluster: called with each request as it completes
         self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
         self.rows = None                        # RequestRows: finished requests retired to columns (a cluster)
+        self.rows_retired = 0                   # ... how many, once released (release_rows)
         self.flush_at = 0                       # ... and the decode cohort's flush size there (0: its default)
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
@@ -169,6 +170,13 @@ class Simulation:
         for r in reqs:
             rows.append(r)
             slots[r.seq] = None
+
+    def release_rows(self) -> None:
+        """Let the retired rows go once the tables hold them (a cluster's table is built from every replica's:
+        holding the columns twice would double its peak memory); how many there were stays in rows_retired."""
+        if self.rows is not None:
+            self.rows_retired = len(self.rows)
+            self.rows = None
 
     def live_requests(self) -> list:
         """What all_requests holds when rows are retired: the refused, and those not finished (a cut-short run)."""
