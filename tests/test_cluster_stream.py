@@ -64,9 +64,13 @@ def test_streamed_requests_and_retired_rows_give_the_listed_run_tables(policy, f
     monkeypatch.setattr(cluster_mod, "FLUSH", 32)          # flush (and retire) often in a small run
     monkeypatch.setattr(cluster_mod, "MIN_FLUSH", 8)
     raw = _raw(policy, router, fast=fast, record=record)
-    c, run, streamed = _tables(raw)
+    scn = scenario_from_dict(raw)
+    c = Cluster(scn)
+    run = c.run()
     assert c.stream
-    retired = sum(len(h.sim.rows) for h in run.replicas if h.built)
+    streamed = cluster_result(scn, run, 0.0)
+    assert all(h.sim.rows is None for h in run.replicas if h.built)   # let go once in the table
+    retired = sum(h.sim.rows_retired for h in run.replicas if h.built)
     done = int(streamed.summary["completed"])
     assert retired > done // 2, (retired, done)           # the mechanism fired: most rows left as columns
     # what is still held as objects: at most a flush's worth per replica (nothing is kept for every request)
@@ -162,5 +166,37 @@ def test_walked_cohort_steps_are_the_plain_loops(monkeypatch):
     walked = sum(h.sim.walked_iterations for h in run.replicas if h.built)
     total = sum(h.sim.view.iteration for h in run.replicas if h.built)
     assert walked > total // 4, (walked, total)          # most steady steps come from a walk
+    assert c.late_wakes > 0                              # woken by a request at the end of the step it falls in
     _, _, plain = _tables(_raw(replicas=4, fast=False))
+    _same(fast, plain)
+
+
+@pytest.mark.parametrize("router,costmodel", [("least_tokens", "linear"), ("least_tokens", None),
+                                               ("round_robin", "linear")])
+def test_compacted_end_times_give_the_plain_loops_tables(router, costmodel, monkeypatch):
+    """A cohort that never empties drops the end times of steps no live member needs (else one float per step of
+    the whole run): with a tiny first array it compacts often, and the tables stay the plain loop's (the linear
+    model's step time is inlined, the default's called)."""
+    import sim.engine.cohort as cohort_mod
+    monkeypatch.setattr(cohort_mod, "ENDS", 4)
+
+    def raw(fast):
+        r = _raw(replicas=3, router=router, fast=fast)
+        return {**r, "costmodel": {"kind": costmodel}} if costmodel else r
+    c, run, fast = _tables(raw(True))
+    assert sum(h.sim.cohort.compactions for h in run.replicas if h.built and h.sim.cohort) > 0
+    _, _, plain = _tables(raw(False))
+    _same(fast, plain)
+
+
+
+@pytest.mark.parametrize("M,record", [(4000, False), (4000, True), (30000, False)])
+def test_inlined_walks_give_the_plain_loops_tables(M, record):
+    """The lookahead's walk under the inlined linear step time (its own loop) gives the plain loop's tables bit for
+    bit, with KV tight enough for shortfalls and with or without the iteration table."""
+    def raw(fast):
+        return {**_raw(replicas=3, fast=fast, M=M, record=record), "costmodel": {"kind": "linear"}}
+    c, run, fast = _tables(raw(True))
+    assert sum(h.sim.walked_iterations for h in run.replicas if h.built) > 0
+    _, _, plain = _tables(raw(False))
     _same(fast, plain)

@@ -456,6 +456,7 @@ class Cluster:
         self.heap: list = []
         self.waiting: set = set()
         self.to_wake: list = []
+        self.late_wakes = 0             # sleeping replicas a request woke at their step's end, not at once
         self.idx = 0
         self.T = self.requests[0].arrival_s if self.requests else math.inf
         self.timer_seq = 0
@@ -563,6 +564,24 @@ class Cluster:
         h.version += 1
         heapq.heappush(self.heap, (float(t), h.index, h.version))
 
+    def _woken_at(self, h, t: float) -> float:
+        """When to resume a sleeping replica that the router has just sent a request at t: not at t, but at the
+        end of its walked step that the arrival falls in (sim/engine/loop.py, _cohort_lookahead), which it
+        must run before it can take the request and would otherwise stop at to wait for the router; that
+        end is never later than the first point it would wait at, nor than its first completion, so no
+        routing decision before it misses anything it does."""
+        sim = h._sim
+        look = sim._lookahead
+        if look is None or sim.max_iterations:
+            return t
+        ends = look[2][0]
+        if not ends:
+            return t
+        j = bisect.bisect_left(ends, min(h.clock._own(), t))   # (the replica's own float for the arrival)
+        e = ends[j] if j < len(ends) else ends[-1]
+        self.late_wakes += e > t
+        return e
+
     def _wake(self, h, t: float) -> None:
         if h.state == "new":                      # first needed now (a hand-off to an idle decode replica)
             self._start(h)
@@ -581,6 +600,7 @@ class Cluster:
             for h in self.replicas:
                 if h.built:                      # a replica never sent a request stays idle and unbuilt
                     h.result = h.sim.run()
+                    h.sim.release_rows()         # (in its tables now)
             self._check_ledgers()
             return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
         if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules
@@ -675,9 +695,9 @@ class Cluster:
                     self._abandon(h, r)
             if h.state == "wait" or h.state == "new" and self.looping:
                 woken.append(h)
-            elif h.asleep:                        # sleeping through steady steps: up now, after this instant
+            elif h.asleep:                        # sleeping through steady steps: up after this instant
                 h.asleep = False
-                self._push(h, t)
+                self._push(h, self._woken_at(h, t))
         self._next_T()
         for h in dict.fromkeys(woken):            # once each, in routing order
             self._wake(h, t)

@@ -34,10 +34,18 @@ def _merged_requests(run):
     return reqs, extra
 
 
+def _result(h) -> SimResult:
+    """A replica's tables; its retired rows (sim/metrics/rowstore.py) are in them now and are let go at once, so
+    the columns of every replica are not held twice while the cluster's table is built."""
+    res = h.sim.result()
+    h.sim.release_rows()
+    return res
+
+
 def cluster_result(scn, run, wall_s: float) -> SimResult:
     replicas = run.replicas
     built = [h for h in replicas if h.built]       # a replica never needed was never built: idle tables
-    results = [h.result if h.result is not None else h.sim.result() if h.built else h.group.idle_result()
+    results = [h.result if h.result is not None else _result(h) if h.built else h.group.idle_result()
                for h in replicas]
     slos = scn.slos()
     if run.spec.disaggregated:

@@ -6,6 +6,7 @@ import numpy as np
 from sim.metrics import finalize_many
 
 FLUSH = 4096    # completed members whose TBT statistics are computed together (finalize_many)
+ENDS = 1024     # the end-time array's first size (and its least after a compaction)
 
 
 class DecodeCohort:
@@ -36,7 +37,9 @@ class DecodeCohort:
         self.n = 0                          # members
         self.cached = 0                     # Σ true cached over members
         self.steps = 0                      # steps taken since the cohort was last empty
-        self.ends = np.empty(1024)          # ends[s - 1]: end time of step s (grown by doubling)
+        self.ends = np.empty(ENDS)          # ends[s - 1 - base]: end time of step s (grown, or compacted, below)
+        self.base = 0                       # steps before base + 1 are no live member's: dropped from `ends`
+        self.compactions = 0                # times `ends` dropped such steps (diagnostics)
         self.last_iteration = -1            # the iteration in which the latest step ran
         self.tokens = 0                     # decode tokens generated in aggregate (diagnostics)
         self.taking = [0] * self.block_size  # members past their first new block, by f mod B
@@ -82,12 +85,28 @@ class DecodeCohort:
     def commit(self, now: float) -> list:
         """Close the step that ran; returns the members that produced their last token in it (still members)."""
         s = self.steps
-        if s == len(self.ends):
-            self.ends = np.concatenate((self.ends, np.empty(s)))
-        self.ends[s] = now
+        if s - self.base == len(self.ends):
+            self.room(s, 1)
+        self.ends[s - self.base] = now
         self.steps = s + 1
         self.cached += self.n
         return self.done_at.pop(s + 1, ())
+
+    def room(self, s: int, k: int) -> np.ndarray:
+        """`ends` with room for the end times of steps s + 1 .. s + k (s: the steps taken so far). Full, it keeps
+        only the steps a live member joined at or after (a cohort that never empties would otherwise hold one
+        float per step of the whole run: gigabytes at fleet scale); completed members waiting in `pending`
+        keep views of the old array, which lives until they are flushed."""
+        base, ends = self.base, self.ends
+        if s - base + k <= len(ends):
+            return ends
+        lo = min((r.cohort for members in self.done_at.values() for r in members), default=s)
+        keep = s - lo
+        new = np.empty(max(ENDS, 2 * (keep + k)))
+        new[:keep] = ends[lo - base:s - base]
+        self.ends, self.base = new, lo
+        self.compactions += lo > base
+        return new
 
     def leave(self, r) -> None:
         """Take out a member that completed in the latest step with its true state; its TBT statistics follow
@@ -95,7 +114,8 @@ class DecodeCohort:
         self._stop_blocks(r, self.steps)
         if len(self.pending) >= self.flush_at:
             self.flush()        # (before r joins: the engine finishes r, its completion time and state, after this)
-        self.pending.append((r, self.ends[r.cohort:self.steps]))   # a view: `ends` is never rewritten under it
+        # a view: `ends` is never rewritten under it (room() compacts into a new array)
+        self.pending.append((r, self.ends[r.cohort - self.base:self.steps - self.base]))
         self._remove(r)
 
     def drop(self, r) -> None:
@@ -103,7 +123,7 @@ class DecodeCohort:
         last = r.cohort + r.output_tokens - r.generated
         self.done_at[last].remove(r)
         self._stop_blocks(r, last)
-        r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
+        r.token_times.extend(self.ends[r.cohort - self.base:self.steps - self.base].tolist())
         self._remove(r)
         self.view.loose[:] = [x for x in self.view.running if x.cohort is None]
 
@@ -125,7 +145,7 @@ class DecodeCohort:
         if self.n:
             for r in self.view.running:
                 if r.cohort is not None:
-                    r.token_times.extend(self.ends[r.cohort:self.steps].tolist())
+                    r.token_times.extend(self.ends[r.cohort - self.base:self.steps - self.base].tolist())
                     self._settle(r)
             self._reset()
         self.view.loose[:] = self.view.running
@@ -163,9 +183,9 @@ class DecodeCohort:
 
     def _reset(self) -> None:
         """No member refers to past steps any more: start the step count over (keeps `ends` short)."""
-        self.n = self.cached = self.steps = 0
+        self.n = self.cached = self.steps = self.base = 0
         if self.pending:                    # their views keep the old end times; later steps write a new array
-            self.ends = np.empty(1024)
+            self.ends = np.empty(ENDS)
         self.taking = [0] * self.block_size
         self.first_block.clear()
         self.done_at.clear()

@@ -122,6 +122,7 @@ class Simulation:
         self.on_complete = None                 # cluster: called with each request as it completes
         self.on_drop = None                     # cluster: called with each request dropped mid-run as infeasible
         self.rows = None                        # RequestRows: finished requests retired to columns (a cluster)
+        self.rows_retired = 0                   # ... how many, once released (release_rows)
         self.flush_at = 0                       # ... and the decode cohort's flush size there (0: its default)
         self.hold_kv = False                    # cluster, disaggregated prefill: completions keep their KV ...
         self.held_kv = 0                        # ... these many blocks, until the transfer ends
@@ -171,6 +172,13 @@ class Simulation:
         for r in reqs:
             rows.append(r)
             slots[r.seq] = None
+
+    def release_rows(self) -> None:
+        """Let the retired rows go once the tables hold them (a cluster's table is built from every replica's:
+        holding the columns twice would double its peak memory); how many there were stays in rows_retired."""
+        if self.rows is not None:
+            self.rows_retired = len(self.rows)
+            self.rows = None
 
     def live_requests(self) -> list:
         """What all_requests holds when rows are retired: the refused, and those not finished (a cut-short run)."""
@@ -523,7 +531,7 @@ class Simulation:
             kv_cached = view.kv_cached_tokens
             offloaded = mem.offloaded_tokens if record else 0
             ends, taking = cohort.ends, cohort.taking      # (both replaced when the cohort empties)
-            cap = len(ends)
+            cap, off = len(ends), cohort.base
             if inline:
                 base, sdn, b_d, cpu, a_d = step_time.at(n)
             lt, lora = 0.0, None
@@ -550,11 +558,10 @@ class Simulation:
                             break
                         del first_block[step]
                         taking[res] += first
-                    if s + k > cap:
-                        while cap < s + k:
-                            ends = cohort.ends = np.concatenate((ends, np.empty(cap)))
-                            cap = len(ends)
-                    ends[s:s + k] = w_ends[:k]
+                    if s - off + k > cap:
+                        ends = cohort.room(s, k)
+                        cap, off = len(ends), cohort.base
+                    ends[s - off:s - off + k] = w_ends[:k]
                     free = w_frees[k - 1]
                     t = w_ends[k - 1]
                     start = w_ends[k - 2] if k > 1 else walk[0][0]
@@ -566,9 +573,14 @@ class Simulation:
                             rows.append((starts[j], w_dts[j], n, 0, n, n_running, queue_len,
                                          (total_blocks - w_frees[j]) * bs if plain_used else _used(mem, w_frees[j]),
                                          kv, 0, 0, 0))
+                    elif plain_used:                  # free blocks only fall over a walk: the last step uses most
+                        used_sum += bs * (k * total_blocks - sum(w_frees[:k]))
+                        used = (total_blocks - w_frees[k - 1]) * bs
+                        if used > used_max:
+                            used_max = used
                     else:
                         for f in w_frees[:k]:
-                            used = (total_blocks - f) * bs if plain_used else _used(mem, f)
+                            used = _used(mem, f)
                             used_sum += used
                             if used > used_max:
                                 used_max = used
@@ -596,10 +608,10 @@ class Simulation:
                 free -= due
                 it += 1
                 start, t = t, t + dt                   # the float add SimPy's timeout would do
-                if s == cap:
-                    ends = cohort.ends = np.concatenate((ends, np.empty(s)))
-                    cap = len(ends)
-                ends[s] = t
+                if s - off == cap:
+                    ends = cohort.room(s, 1)
+                    cap, off = len(ends), cohort.base
+                ends[s - off] = t
                 s = s1
                 cached = kv
                 kv_cached += n
@@ -680,10 +692,48 @@ class Simulation:
             if lora is None:
                 return t
             lt = lora[1]
+        steps = int(min(max_steps, stop - self.view.iteration))
         wake = t
         ends, dts, frees, events = [], [], [], []
         completes = False
-        for _ in range(int(min(max_steps, stop - self.view.iteration))):
+        if inline and lt is None:
+            # the loop below, specialised: first-block steps looked up only where one is due (they are few), the
+            # step times kept only for a table that records them
+            keep_dts = self.record_iterations
+            firsts = sorted(f for f, c in first_block.items() if s < f <= s + steps and c)
+            firsts.append(math.inf)
+            fi, nxt = 0, firsts[0]
+            for _ in range(steps):
+                s += 1
+                res = s % bs
+                if s == nxt:
+                    first = first_block[s]
+                    fi += 1
+                    nxt = firsts[fi]
+                    due = taking[res] + first
+                    if due > free:
+                        break
+                    taking[res] += first
+                    events.append((s, res, first))
+                else:
+                    due = taking[res]
+                    if due > free:
+                        break
+                free -= due
+                context += n
+                dt = (base + (a_d * context + sdn + b_d)) + cpu
+                wake = wake + dt
+                ends.append(wake)
+                if keep_dts:
+                    dts.append(dt)
+                frees.append(free)
+                if s == done:
+                    completes = True
+                    break
+            walk = (ends, dts, frees, events, len(ends) - completes)
+            self._lookahead = (key, wake, walk)
+            return wake
+        for _ in range(steps):
             s += 1
             res = s % bs
             first = first_block.get(s, 0)
