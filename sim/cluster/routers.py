@@ -165,12 +165,9 @@ def _least_loaded(replicas) -> int:
     return loads.index(min(loads))
 
 
-class SessionAffinity(Router):
-    """Closed-loop sessions: a turn goes to the replica that served the turn before it (its history is cached
-    there), unless that replica has `max_extra` or more outstanding requests beyond the least-loaded one; then,
-    and for first turns, fewest outstanding requests (least_requests). Reads only its ledgers."""
-    name = "session_affinity"
-    reads_state = False
+class _AffinityRouter(Router):
+    """An affinity router's one knob: how many outstanding requests beyond the least-loaded replica its preferred
+    replica may have before the request goes elsewhere."""
 
     @dataclass
     class Config:
@@ -180,6 +177,17 @@ class SessionAffinity(Router):
         super().__init__(rng, **knobs)
         if self.config.max_extra < 0:
             raise UserError(f"cluster.router.max_extra: must be >= 0, got {self.config.max_extra!r}")
+
+
+class SessionAffinity(_AffinityRouter):
+    """Closed-loop sessions: a turn goes to the replica that served the turn before it (its history is cached
+    there), unless that replica has `max_extra` or more outstanding requests beyond the least-loaded one; then,
+    and for first turns, fewest outstanding requests (least_requests). Reads only its ledgers."""
+    name = "session_affinity"
+    reads_state = False
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
         self.home: dict = {}            # request id -> the replica (its index) it was sent to
         self.kept = self.moved = 0      # turns sent to their predecessor's replica / elsewhere (overloaded)
 
@@ -200,20 +208,11 @@ class SessionAffinity(Router):
         return i
 
 
-class LoRAAffinity(Router):
+class LoRAAffinity(_AffinityRouter):
     """Multi-LoRA: a request goes to the least-loaded replica that has its adapter in a GPU slot (no load), unless
     that one has `max_extra` or more outstanding requests beyond the least-loaded replica; otherwise, and for
     base-model requests, fewest outstanding requests. Reads the replicas' adapter slots."""
     name = "lora_affinity"
-
-    @dataclass
-    class Config:
-        max_extra: int = 8
-
-    def __init__(self, rng, **knobs):
-        super().__init__(rng, **knobs)
-        if self.config.max_extra < 0:
-            raise UserError(f"cluster.router.max_extra: must be >= 0, got {self.config.max_extra!r}")
 
     def pick(self, req, replicas, now):
         loads = [h.outstanding_requests for h in replicas]
