@@ -96,7 +96,6 @@ class ProfiledCostModel(RooflineCostModel):
                                float(iv["per_seq_s"]) * k * q_scale, float(iv["fixed_s"]) * k, float(iv["batch_exp"]),
                                float(iv.get("ctx_half", 0.0))) if iv else None
         self._dec_mixed = self._dec_mixed_fit if self.mixed_attention == "one-varlen" else None
-        self._small_top = max(self._small, default=0)
         self._set_kv_read_floor()
         self._pre = (float(p["ck_s"]) * q_scale, float(p["c2_s"]) * q_scale, float(p["c_s"]) * q_scale,
                      float(p["k_s"]) * kv_scale, float(p["per_seq_s"]) * k)

@@ -235,13 +235,7 @@ class RooflineCostModel(CostModel):
             # outside the measured contexts: the smooth form's shape, scaled to meet the nearest measured point
             end = 0 if x < xs[0] else -1
             return self._smooth_decode_s(n, kv_read) * ys[end] / self._smooth_decode_s(n, n * xs[end])
-        t = self._smooth_decode_s(n, kv_read)
-        if self._small and n > self._small_top:
-            # past the measured rows the smooth form takes over; at their seam it can dip below the largest
-            # measured batch (1.4% on the A100 fit at 512 tokens): more requests never take less time
-            top = self._small_top
-            t = max(t, self._decode_layer_s(top, kv_read * top / n))
-        return t
+        return self._smooth_decode_s(n, kv_read)
 
     def _smooth_decode_s(self, n: int, kv_read) -> float:
         c = self._dec
@@ -350,12 +344,9 @@ class RooflineCostModel(CostModel):
         n = np.arange(n_max + 1)
         bh, ex = self._dec[1], self._dec[4]
         self._occ = [1.0] + [math.pow(1.0 + bh / b, ex) for b in range(1, n_max + 1)]
-        # running maxima: more tokens (sequences) never take less time (a profile's measured knots dip in places
-        # between GEMM tile and kernel choices, up to 3% on the shipped A100 fit; the roofline's own tables are
-        # already monotone, so they are unchanged)
-        self._layer = np.maximum.accumulate(self.layers * self.dense_layer_time(n)).tolist()
-        self._emb = np.maximum.accumulate(self.emb_time(n)).tolist()
-        self._step = np.maximum.accumulate(self.sample_time(n)).tolist()
+        self._layer = (self.layers * self.dense_layer_time(n)).tolist()
+        self._emb = self.emb_time(n).tolist()
+        self._step = self.sample_time(n).tolist()
         self._n_max = n_max
 
     def accepts_decode_sums(self) -> bool:
@@ -382,7 +373,7 @@ class RooflineCostModel(CostModel):
             c = self._dec
             if n_prefill and self._dec_mixed is not None:
                 attn = self._mixed_decode_s(n_decode, kv_read)
-            elif c[5] or self._small:
+            elif c[5] or n_decode in self._small:
                 attn = self._decode_layer_s(n_decode, kv_read)
             else:
                 attn = max(kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3], kv_read * self._kv_read_s)
@@ -405,12 +396,14 @@ class RooflineCostModel(CostModel):
         if n.max() > self._n_max:
             self._grow(int(n.max()))
         c = self._dec
-        if c[5] or self._small:        # context-dependent occupancy or measured rows: the scalar path's function
+        if c[5]:                       # context-dependent occupancy: the scalar path's function, element by element
             attn = np.array([self._decode_layer_s(b, kv) if b else c[3]
                              for b, kv in zip(n.tolist(), kv_read.tolist())])
         else:
             attn = np.maximum(kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * n.astype(float) + c[3],
                               kv_read.astype(float) * self._kv_read_s)
+            for i in np.flatnonzero(np.isin(n, list(self._small))) if self._small else ():
+                attn[i] = self._decode_layer_s(int(n[i]), int(kv_read[i]))     # measured small-batch rows
         layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))
         t = layer + self.layers * attn + emb + step
         return t + self.params_in_use["step_overhead_s"] + self.cpu_times(n)
