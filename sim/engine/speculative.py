@@ -23,8 +23,11 @@ target, 1 / layers); `ngram` proposes on the CPU at no GPU cost.
 Memory: when M is derived from the GPU (memory.M null) the drafter's weights come out of the KV space and each
 token's KV slot holds the drafter's KV too (vLLM sizes one block pool for both): a draft model's own weights and
 KV per token, an EAGLE/MTP head's one decoder layer (the target's weights and KV per token over its layers); a
-memory.M given in the scenario is taken as the target's tokens as it stands. The exact fast paths (decode cohort,
-closed-form stretches) are off while speculation is on, since every step draws acceptances."""
+memory.M given in the scenario is taken as the target's tokens as it stands.
+
+Fast paths: the decode cohort and the closed-form stretches stay off (a step's tokens depend on its draws, so
+no step after the next is known in advance); steady verify steps skip the scheduler instead, bit-identical to
+the plain loop (sim/engine/specstretch.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -163,8 +166,17 @@ class Speculation:
         if a <= 0.0:
             return 0
         if not self._draws:
-            self._draws = (self.rng.geometric(1.0 - a, size=4096) - 1).tolist()[::-1]
+            self.refill()
         return min(self._draws.pop(), k_eff)
+
+    def refill(self) -> list:
+        """The next block of geometric draws at the rate, last first (taken with pop())."""
+        self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        return self._draws
+
+    def rate_only(self) -> bool:
+        """Is every draw a fresh geometric one from the generator (no per-request lists, 0 < rate < 1)?"""
+        return not self.lists and 0.0 < self.rate < 1.0
 
     def verified(self, k_eff: int, accepted: int, gained: int) -> None:
         self.steps += 1
@@ -192,10 +204,8 @@ class Speculation:
             pt = sum(prefill_tokens)
             c2 = sum(c * c for c in prefill_tokens)
             ck = sum(c * m for c, m in zip(prefill_tokens, prefill_context))
-            kv = sum(decode_context)
-            t = cm.time_from_sums(pt + d, len(prefill_tokens), c2, ck, sum(prefill_context), d, kv) - cm.cpu_time(n)
-            for i in range(1, self.k if d else 1):
-                t += cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+            return self._sums_time(cm, scale, pt, len(prefill_tokens), c2, ck, sum(prefill_context), d,
+                                   sum(decode_context))
         else:
             first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
                                decode_context=list(decode_context))
@@ -204,6 +214,26 @@ class Speculation:
                 ctx = np.asarray(decode_context, dtype=np.int64)
                 for i in range(1, self.k):
                     t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
+        t *= scale
+        self.draft_time_s += t
+        return t
+
+    def decode_draft_time(self, d: int, kv: int) -> float:
+        """draft_time of a step with no prefill chunk: `d` speculating decodes whose contexts m + 1 sum to `kv`
+        (sim/engine/specstretch.py; the same float operations as draft_time)."""
+        if not d or self.cfg.method == "ngram":
+            return 0.0
+        if self.draft_cm is not None:
+            return self._sums_time(self.draft_cm, 1.0, 0, 0, 0, 0, 0, d, kv)
+        if self.fraction:
+            return self._sums_time(self.target, self.fraction, 0, 0, 0, 0, 0, d, kv)
+        return 0.0
+
+    def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
+        """The drafter's passes priced from the batch's integer sums (a sums-only cost model)."""
+        t = cm.time_from_sums(pt + d, n_pre, c2, ck, pk, d, kv) - cm.cpu_time(n_pre + d)
+        for i in range(1, self.k if d else 1):
+            t += cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
         t *= scale
         self.draft_time_s += t
         return t
