@@ -39,6 +39,7 @@ from costmodels.errors import UserError
 from sim.errors import known_keys
 
 METHODS = ("draft_model", "eagle", "mtp", "ngram")
+PASS_CACHE = 1 << 16        # one-token draft passes' prices kept (cleared when full; a few MB at most)
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Speculation:
         self.rate = float(cfg.acceptance_rate)
         self.rng = np.random.default_rng([int(seed), 0x5EC])
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
+        self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -230,10 +232,25 @@ class Speculation:
         return 0.0
 
     def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
-        """The drafter's passes priced from the batch's integer sums (a sums-only cost model)."""
-        t = cm.time_from_sums(pt + d, n_pre, c2, ck, pk, d, kv) - cm.cpu_time(n_pre + d)
+        """The drafter's passes priced from the batch's integer sums (a sums-only cost model). A one-token pass
+        over d decodes reading kv tokens is looked up by (d, kv) once priced: successive steps' passes repeat
+        most of them (a step's passes read kv, kv + d, ..., and the next step starts d x tokens gained later),
+        and a sums-only model's time is a function of the sums alone (accepts_decode_sums), so the floats are
+        the ones the call would return."""
+        passes = self._passes
+        if n_pre:
+            t = cm.time_from_sums(pt + d, n_pre, c2, ck, pk, d, kv) - cm.cpu_time(n_pre + d)
+        else:
+            t = passes.get((d, kv))
+            if t is None:
+                t = passes[(d, kv)] = cm.time_from_sums(d, 0, 0, 0, 0, d, kv) - cm.cpu_time(d)
         for i in range(1, self.k if d else 1):
-            t += cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+            x = passes.get((d, kv + i * d))
+            if x is None:
+                if len(passes) >= PASS_CACHE:
+                    passes.clear()
+                x = passes[(d, kv + i * d)] = cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+            t += x
         t *= scale
         self.draft_time_s += t
         return t
