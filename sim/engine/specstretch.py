@@ -63,30 +63,23 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     n = len(order)
     taken = steps = proposed = accepted = produced = full_steps = full_tokens_ = freed = 0
     cs = [0] * n
-    es = [0] * n
     while not (max_it and view.iteration >= max_it):
-        # the step's reservations, checked whole before any is made (a shortfall is the plain loop's preemption)
-        need = tokens = 0
+        # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
+        # are checked whole before any is made (a shortfall is the plain loop's preemption)
+        need = tokens = n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
+        grow = []
         for i, r in enumerate(order):
             left = r.output_tokens - r.generated
-            c = 1 + (k if left - 1 > k else left - 1)
+            m = r.cached
+            if left > k:
+                c = k + 1
+            else:
+                c = left
             cs[i] = c
-            tokens += c
-            e = -(-(r.cached + c) // bs) - r.blocks
-            es[i] = e
+            e = -(-(m + c) // bs) - r.blocks
             if e > 0:
                 need += e
-        if need > mem.free_blocks or (queued and tokens != full_tokens):
-            break
-        view.now = now
-        view.iteration += 1
-        mem.clock = now
-        # reserve (KVCacheManager.reserve) and the batch's sums, as _spec_batch_time sums them
-        n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
-        for r, c, e in zip(order, cs, es):
-            m = r.cached
-            if e > 0:
-                r.blocks += e
+                grow.append((r, e))
             if c == 1:
                 n_dec += 1
                 kv_read += m + 1
@@ -96,9 +89,17 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
                 c2 += c * c
                 ck += c * m
                 pk += m
+        tokens = pt + n_dec
+        if need > mem.free_blocks or (queued and tokens != full_tokens):
+            break
+        view.now = now
+        view.iteration += 1
+        mem.clock = now
+        for r, e in grow:                  # KVCacheManager.reserve: the blocks past those held
+            r.blocks += e
         mem.free_blocks -= need
         # verify passes' drafts run at context m + 1: their sum is pk + n_pre
-        dt = time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read) + draft(n_pre, pk + n_pre)
+        dt = time_from_sums(tokens, n_pre, c2, ck, pk, n_dec, kv_read) + draft(n_pre, pk + n_pre)
         start, now = now, now + dt
         if cluster and not clock.synced(now):
             yield now
@@ -139,11 +140,11 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
                 r.token_times.append(now)
             g = r.generated + gained
             r.generated = g
-            view.kv_cached_tokens += gained
             generated += gained
             if g >= r.output_tokens:
                 sim._finish(r, now)
                 finished = True
+        view.kv_cached_tokens += generated      # (integers: the plain loop's per-request adds, summed)
         sim.tokens_generated += generated
         if finished:
             running[:] = [r for r in running if r.state == RUNNING]
