@@ -54,7 +54,12 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     record = sim.record_iterations
     rows = sim.iter_rows
     time_from_sums = cm.time_from_sums
-    draft = spec.decode_draft_time
+    # the drafter's passes as Speculation.draft_time prices them (no prefill chunk here): its cost model and scale
+    dcm, scale = ((spec.draft_cm, 1.0) if spec.draft_cm is not None else (spec.target, spec.fraction)) \
+        if spec.cfg.method != "ngram" else (None, 0.0)
+    if not scale:
+        dcm = None
+    sums_time = spec._sums_time
     trim = mem.trim
     fresh = spec.rate_only()               # else spec.draw: per-request lists first, or a rate of 0 or 1
     draws = spec._draws
@@ -99,7 +104,8 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             r.blocks += e
         mem.free_blocks -= need
         # verify passes' drafts run at context m + 1: their sum is pk + n_pre
-        dt = time_from_sums(tokens, n_pre, c2, ck, pk, n_dec, kv_read) + draft(n_pre, pk + n_pre)
+        dt = time_from_sums(tokens, n_pre, c2, ck, pk, n_dec, kv_read) + (
+            sums_time(dcm, scale, 0, 0, 0, 0, 0, n_pre, pk + n_pre) if n_pre and dcm is not None else 0.0)
         start, now = now, now + dt
         if cluster and not clock.synced(now):
             yield now

@@ -220,17 +220,6 @@ class Speculation:
         self.draft_time_s += t
         return t
 
-    def decode_draft_time(self, d: int, kv: int) -> float:
-        """draft_time of a step with no prefill chunk: `d` speculating decodes whose contexts m + 1 sum to `kv`
-        (sim/engine/specstretch.py; the same float operations as draft_time)."""
-        if not d or self.cfg.method == "ngram":
-            return 0.0
-        if self.draft_cm is not None:
-            return self._sums_time(self.draft_cm, 1.0, 0, 0, 0, 0, 0, d, kv)
-        if self.fraction:
-            return self._sums_time(self.target, self.fraction, 0, 0, 0, 0, 0, d, kv)
-        return 0.0
-
     def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
         """The drafter's passes priced from the batch's integer sums (a sums-only cost model). A one-token pass
         over d decodes reading kv tokens is looked up by (d, kv) once priced: successive steps' passes repeat
