@@ -263,3 +263,24 @@ def test_an_acceptance_file_gives_the_per_request_lists(tmp_path):
         speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
     with pytest.raises(UserError, match="cannot read"):
         speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(tmp_path / "none.csv")})
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_tokens", "power_of_two"])
+def test_a_cluster_takes_steady_verify_steps_with_the_plain_tables(router, monkeypatch):
+    """Cluster replicas take steady verify steps too (yielding to the router as the plain loop does): the tables
+    of the SimPy-free loop with steady steps equal those of every step scheduled."""
+    from sim.cluster.runner import run_scenario
+    from sim.engine import specstretch
+    steady, inner = [0], specstretch.steady_steps
+
+    def counted(sim, *args):
+        before = sim.view.iteration
+        now = yield from inner(sim, *args)
+        steady[0] += sim.view.iteration - before
+        return now
+    monkeypatch.setattr(specstretch, "steady_steps", counted)
+    runs = [run_scenario(_scenario(memory={"M": 6000, "block_size": 16}, cluster={"replicas": 2, "router": router},
+                                   sim={"fast_forward": fast})) for fast in (False, True)]
+    assert runs[0].requests.equals(runs[1].requests) and runs[0].iterations.equals(runs[1].iterations)
+    assert runs[1].summary["spec_steps"] == runs[0].summary["spec_steps"] > 0
+    assert steady[0] > 0.5 * len(runs[1].iterations)       # most steps were steady ones
