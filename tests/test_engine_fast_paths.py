@@ -1,4 +1,5 @@
-"""Multi-LoRA and closed-loop sessions on the exact fast paths: the plain SimPy loop's tables, bit for bit."""
+"""Multi-LoRA, closed-loop sessions and speculative decoding on the exact fast paths: the plain SimPy loop's tables,
+bit for bit."""
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -59,12 +60,40 @@ def test_session_fast_paths_match_plain_loop(policy, seed, rate, M, think, think
     assert all(r.arrival_s == r.after.completion_s + r.think_s for r in later)
 
 
-@pytest.mark.parametrize("example,overrides", [
-    ("multi-lora.yaml", ["workload.num_requests=150"]),
-    ("multi-lora.yaml", ["workload.num_requests=150", "lora.max_loras=16", "lora.max_cpu_loras=32"]),
-    ("agentic-sessions.yaml", ["workload.conversations=20"])])
-def test_examples_take_the_fast_paths_exactly(example, overrides):
-    """The examples' LoRA and session runs now skip most iterations in closed form, with the plain tables."""
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "sarathi", "sglang"]), seed=st.integers(0, 10_000),
+       rate=st.sampled_from([2.0, 20.0, 200.0]), M=st.sampled_from([3000, 12_000, 200_000]),
+       method=st.sampled_from(["eagle", "ngram", "draft_model"]), k=st.integers(1, 5),
+       a=st.sampled_from([0.0, 0.4, 0.8, 1.0]), lists=st.booleans(), record=st.booleans())
+def test_speculative_fast_paths_match_plain_loop(policy, seed, rate, M, method, k, a, lists, record):
+    """Steady verify steps taken without the scheduler (sim/engine/specstretch.py): acceptance draws from the one
+    generator in the scheduled order, per-request lists, drafts' KV reserved and trimmed under KV pressure
+    (preemptions), prefix caching (vLLM v1), budgets clipping verify passes: the plain loop's tables."""
+    spec = {"method": method, "k": k, "acceptance_rate": a}
+    if method == "draft_model":
+        spec["draft_model"] = "tiny-llama"
+    if lists:                                      # the first requests' first verify passes from a list
+        spec["accepted"] = {i: [(i + j) % (k + 1) for j in range(5)] for i in range(0, 40, 3)}
+    raw = _raw(policy, M, _poisson(40, rate, seed), seed, speculative=spec)
+    out = []
+    for fast in (False, True):
+        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True,
+                                                                  "record_iterations": record}}))
+        out.append((sim, sim.run()))
+    _assert_equal_runs(out[0], out[1])
+    assert out[1][1].summary["spec_draft_time_s"] == out[0][1].summary["spec_draft_time_s"]
+
+
+@pytest.mark.parametrize("example,overrides,share", [
+    ("multi-lora.yaml", ["workload.num_requests=150"], 0.5),
+    ("multi-lora.yaml", ["workload.num_requests=150", "lora.max_loras=16", "lora.max_cpu_loras=32"], 0.5),
+    ("agentic-sessions.yaml", ["workload.conversations=20"], 0.5),
+    ("speculative.yaml", ["workload.num_requests=120"], 0.5),
+    # KV pressure: admissions and preemptions every few steps, so fewer steady ones
+    ("speculative.yaml", ["workload.num_requests=120", "workload.rate=40", "memory.M=20000"], 0.3)])
+def test_examples_take_the_fast_paths_exactly(example, overrides, share):
+    """The examples' LoRA and session runs now skip most iterations in closed form, and the speculative runs
+    take most steps without the scheduler, with the plain tables."""
     from pathlib import Path
     from sim.scenario.config import load_scenario
     root = Path(__file__).resolve().parent.parent / "examples"
@@ -74,4 +103,4 @@ def test_examples_take_the_fast_paths_exactly(example, overrides):
         runs.append((sim, sim.run()))
     _assert_equal_runs(*runs)
     sim, res = runs[1]
-    assert sim.fast_forward_iterations > 0.5 * len(res.iterations)
+    assert sim.fast_forward_iterations > share * len(res.iterations)

@@ -18,8 +18,22 @@ from tests.kv_invariants import instrument
 COST = dict(per_prefill_token=0.25, decode_step=0.5, per_batch=1.0)
 
 
-def _run(specs, spec_cfg=None, policy="vllm-v1", M=100, block_size=1, fast_forward=False, keep=True):
-    cm = TokenCost(**COST)
+class SumsTokenCost(TokenCost):
+    """TokenCost priced from a batch's sums as well (accepts_decode_sums), so steady verify steps skip the
+    scheduler (sim/engine/specstretch.py): the same floats as batch_time, operation for operation."""
+
+    def accepts_decode_sums(self):
+        return True
+
+    def time_from_sums(self, n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read):
+        if n_tokens <= 0:
+            return 0.0
+        return (self.per_batch + self.per_prefill_token * (n_tokens - n_decode)
+                + (self.decode_step if n_decode else 0.0)) + 0.0
+
+
+def _run(specs, spec_cfg=None, policy="vllm-v1", M=100, block_size=1, fast_forward=False, keep=True, cost=TokenCost):
+    cm = cost(**COST)
     spec = None if spec_cfg is None else Speculation(SpeculativeConfig(**spec_cfg), cm, seed=0)
     sim = Simulation(make_requests(specs), build_policy({"name": policy}), cm, KVCacheManager(M, block_size),
                      fast_forward=fast_forward, keep_token_times=keep, speculation=spec)
@@ -33,8 +47,20 @@ def _times(sim, rid=0):
     return [r for r in sim.all_requests if r.id == rid][0].token_times
 
 
-def test_acceptance_one_gives_k_plus_one_tokens_per_step():
-    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=1.0))
+# The hand-worked cases hold on both loops: the plain one (TokenCost) and, with a sums-priced cost model and the
+# fast paths on, steady verify steps taken without the scheduler (the first verify step is scheduled, the rest
+# of the request's steps are steady).
+BOTH = pytest.mark.parametrize("fast", [False, True], ids=["plain", "steady-steps"])
+
+
+def _loop(fast):
+    return dict(fast_forward=True, cost=SumsTokenCost) if fast else {}
+
+
+@BOTH
+def test_acceptance_one_gives_k_plus_one_tokens_per_step(fast):
+    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=1.0), **_loop(fast))
+    assert sim.fast_forward_iterations == (1 if fast else 0)    # the second verify pass
     # prefill 8 tokens: 1 + 2 = 3 s (token 1); two verify passes of 1 + 3 tokens: 2 s each, 4 tokens each
     assert _times(sim) == [3.0] + [5.0] * 4 + [7.0] * 4
     row = res.requests.iloc[0]
@@ -45,8 +71,10 @@ def test_acceptance_one_gives_k_plus_one_tokens_per_step():
     assert s["spec_tokens_per_step"] == 4.0 and s["spec_freed_blocks"] == 0
 
 
-def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost():
-    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=0.0))
+@BOTH
+def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost(fast):
+    sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=0.0), **_loop(fast))
+    assert sim.fast_forward_iterations == (7 if fast else 0)    # 8 decode steps, the first one scheduled
     # remaining 8..4: 1 + 3 drafts (2 s); remaining 3: 1 + 2 (1.75 s); 2: 1 + 1 (1.5 s); 1: a plain decode (1.5 s)
     expected = [3.0]
     for dt in (2.0, 2.0, 2.0, 2.0, 2.0, 1.75, 1.5, 1.5):
@@ -60,21 +88,24 @@ def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost():
     assert s["spec_freed_blocks"] == 3 * 5 + 2 + 1       # block size 1: every rejected draft's slot goes back
 
 
-def test_known_acceptance_sequence_gives_exact_times_and_kv():
+@BOTH
+def test_known_acceptance_sequence_gives_exact_times_and_kv(fast):
     cfg = dict(method="ngram", k=3, acceptance_rate=0.5, accepted={0: [2, 0, 3]})
-    cm = TokenCost(**COST)
+    cm = (SumsTokenCost if fast else TokenCost)(**COST)
     req = make_requests([(8, 9)])
     mem = KVCacheManager(100, 1)
-    sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=False, keep_token_times=True,
+    sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
                      speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
     held = []
-    commit = sim._commit
 
-    def spy(batch, now):
-        commit(batch, now)
-        held.append((req[0].cached, req[0].blocks, mem.free_blocks))
-    sim._commit = spy
+    class Rows(list):                              # each step's row is appended after its commit, on both loops
+        def append(self, row):
+            held.append((req[0].cached, req[0].blocks, mem.free_blocks))
+            super().append(row)
+    sim.iter_rows = Rows()
     res = sim.run()
+    if fast:
+        assert sim.fast_forward_iterations == 2    # steps 3 and 4 (step 2 is the first verify pass, scheduled)
     # step 2: 4 slots reserved (12), 2 accepted + 1 -> 11 kept; step 3: 15 reserved, 0 accepted -> 12; step 4: done
     assert held[:3] == [(8, 8, 92), (11, 11, 89), (12, 12, 88)]
     assert held[3][2] == 100                       # completion frees everything
@@ -232,3 +263,24 @@ def test_an_acceptance_file_gives_the_per_request_lists(tmp_path):
         speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(f)})
     with pytest.raises(UserError, match="cannot read"):
         speculative_config({"k": 3, "acceptance_rate": 0.5, "accepted_file": str(tmp_path / "none.csv")})
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_tokens", "power_of_two"])
+def test_a_cluster_takes_steady_verify_steps_with_the_plain_tables(router, monkeypatch):
+    """Cluster replicas take steady verify steps too (yielding to the router as the plain loop does): the tables
+    of the SimPy-free loop with steady steps equal those of every step scheduled."""
+    from sim.cluster.runner import run_scenario
+    from sim.engine import specstretch
+    steady, inner = [0], specstretch.steady_steps
+
+    def counted(sim, *args):
+        before = sim.view.iteration
+        now = yield from inner(sim, *args)
+        steady[0] += sim.view.iteration - before
+        return now
+    monkeypatch.setattr(specstretch, "steady_steps", counted)
+    runs = [run_scenario(_scenario(memory={"M": 6000, "block_size": 16}, cluster={"replicas": 2, "router": router},
+                                   sim={"fast_forward": fast})) for fast in (False, True)]
+    assert runs[0].requests.equals(runs[1].requests) and runs[0].iterations.equals(runs[1].iterations)
+    assert runs[1].summary["spec_steps"] == runs[0].summary["spec_steps"] > 0
+    assert steady[0] > 0.5 * len(runs[1].iterations)       # most steps were steady ones

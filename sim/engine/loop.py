@@ -20,6 +20,7 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
+from sim.engine import specstretch
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
@@ -72,7 +73,8 @@ class Simulation:
         self.memory = memory
         self.view = ReplicaView(memory, costmodel)
         # Speculative decoding (sim/engine/speculative.py): decodes verify k drafts per step; every step draws
-        # acceptances, so the decode cohort and closed-form stretches are off (the SimPy-free clock stays).
+        # acceptances, so the decode cohort and closed-form stretches are off; steady verify steps skip the
+        # scheduler instead (sim/engine/specstretch.py), and the SimPy-free clock stays.
         self.speculation = speculation
         if speculation is not None:
             self.view.spec_tokens = speculation.k
@@ -115,6 +117,7 @@ class Simulation:
         self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
+        self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
@@ -274,6 +277,8 @@ class Simulation:
                     self._deliver(start, now)
             gen_before = self.tokens_generated
             completed_before = self.completed
+            spec_full = (self.spec_steady and not n_prefill and n_decode == len(view.running)
+                         and specstretch.full_verify_step(batch, self.speculation.k))
             memory.clock = now
             self._commit(batch, now)
             policy.on_commit(view, batch, dt)
@@ -289,6 +294,17 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
+            if (spec_full and self.completed == completed_before and self.arrived == arrived_at_schedule
+                    and not (view.step_preemptions or view.step_swap_in or view.step_swap_out
+                             or view.step_hidden_recompute or view.step_swap_hidden or view.step_disk_s)
+                    and policy.steady_decode(view, True)):
+                before = view.iteration             # the same step again, without the scheduler
+                now = yield from specstretch.steady_steps(self, now, list(batch.reqs), batch.num_tokens)
+                if view.iteration > before:          # every such step generated tokens
+                    last_progress = view.iteration
+                if self.max_iterations and view.iteration >= self.max_iterations:
+                    self.truncated = True
+                    return
             if self.fast_forward is not None and (self.cohort is None or not view.loose):
                 skip = self._skip_steady if self.cohort is None else self._skip_cohort
                 full_decode = (not n_prefill and n_decode == len(view.running) and self.completed == completed_before

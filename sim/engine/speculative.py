@@ -23,8 +23,11 @@ target, 1 / layers); `ngram` proposes on the CPU at no GPU cost.
 Memory: when M is derived from the GPU (memory.M null) the drafter's weights come out of the KV space and each
 token's KV slot holds the drafter's KV too (vLLM sizes one block pool for both): a draft model's own weights and
 KV per token, an EAGLE/MTP head's one decoder layer (the target's weights and KV per token over its layers); a
-memory.M given in the scenario is taken as the target's tokens as it stands. The exact fast paths (decode cohort,
-closed-form stretches) are off while speculation is on, since every step draws acceptances."""
+memory.M given in the scenario is taken as the target's tokens as it stands.
+
+Fast paths: the decode cohort and the closed-form stretches stay off (a step's tokens depend on its draws, so
+no step after the next is known in advance); steady verify steps skip the scheduler instead, bit-identical to
+the plain loop (sim/engine/specstretch.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from costmodels.errors import UserError
 from sim.errors import known_keys
 
 METHODS = ("draft_model", "eagle", "mtp", "ngram")
+PASS_CACHE = 1 << 16        # one-token draft passes' prices kept (cleared when full; a few MB at most)
 
 
 @dataclass
@@ -134,6 +138,7 @@ class Speculation:
         self.rate = float(cfg.acceptance_rate)
         self.rng = np.random.default_rng([int(seed), 0x5EC])
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
+        self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -163,8 +168,17 @@ class Speculation:
         if a <= 0.0:
             return 0
         if not self._draws:
-            self._draws = (self.rng.geometric(1.0 - a, size=4096) - 1).tolist()[::-1]
+            self.refill()
         return min(self._draws.pop(), k_eff)
+
+    def refill(self) -> list:
+        """The next block of geometric draws at the rate, last first (taken with pop())."""
+        self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        return self._draws
+
+    def rate_only(self) -> bool:
+        """Is every draw a fresh geometric one from the generator (no per-request lists, 0 < rate < 1)?"""
+        return not self.lists and 0.0 < self.rate < 1.0
 
     def verified(self, k_eff: int, accepted: int, gained: int) -> None:
         self.steps += 1
@@ -192,10 +206,8 @@ class Speculation:
             pt = sum(prefill_tokens)
             c2 = sum(c * c for c in prefill_tokens)
             ck = sum(c * m for c, m in zip(prefill_tokens, prefill_context))
-            kv = sum(decode_context)
-            t = cm.time_from_sums(pt + d, len(prefill_tokens), c2, ck, sum(prefill_context), d, kv) - cm.cpu_time(n)
-            for i in range(1, self.k if d else 1):
-                t += cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+            return self._sums_time(cm, scale, pt, len(prefill_tokens), c2, ck, sum(prefill_context), d,
+                                   sum(decode_context))
         else:
             first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
                                decode_context=list(decode_context))
@@ -204,6 +216,30 @@ class Speculation:
                 ctx = np.asarray(decode_context, dtype=np.int64)
                 for i in range(1, self.k):
                     t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
+        t *= scale
+        self.draft_time_s += t
+        return t
+
+    def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
+        """The drafter's passes priced from the batch's integer sums (a sums-only cost model). A one-token pass
+        over d decodes reading kv tokens is looked up by (d, kv) once priced: successive steps' passes repeat
+        most of them (a step's passes read kv, kv + d, ..., and the next step starts d x tokens gained later),
+        and a sums-only model's time is a function of the sums alone (accepts_decode_sums), so the floats are
+        the ones the call would return."""
+        passes = self._passes
+        if n_pre:
+            t = cm.time_from_sums(pt + d, n_pre, c2, ck, pk, d, kv) - cm.cpu_time(n_pre + d)
+        else:
+            t = passes.get((d, kv))
+            if t is None:
+                t = passes[(d, kv)] = cm.time_from_sums(d, 0, 0, 0, 0, d, kv) - cm.cpu_time(d)
+        for i in range(1, self.k if d else 1):
+            x = passes.get((d, kv + i * d))
+            if x is None:
+                if len(passes) >= PASS_CACHE:
+                    passes.clear()
+                x = passes[(d, kv + i * d)] = cm.time_from_sums(d, 0, 0, 0, 0, d, kv + i * d) - cm.cpu_time(d)
+            t += x
         t *= scale
         self.draft_time_s += t
         return t

@@ -1,0 +1,177 @@
+"""Steady speculative decode steps without the scheduler: the plain loop's verify steps, same floats, same draws.
+
+Between admissions, preemptions, completions and arrivals a speculating replica whose policy vouches for a steady
+decode (Policy.steady_decode) runs the same step again and again: every running request verifies
+k' = min(k, output left - 1) drafts, scheduled with 1 + k' tokens in the order the last scheduled step took them
+(the policy's order is its running order or a static rank, neither of which changes while the running set does
+not). Such a step is taken here without schedule(), the BatchShape or the policy's per-candidate checks: the
+reservations, acceptance draws (from the one generator, in that order), KV trims, step time (the cost model's
+time_from_sums, which accepts_decode_sums promises equals batch_time of the shape) and commit are the plain
+loop's own, in its order, so the tables are bit-identical. A run of such steps stops before a step whose blocks
+do not fit (the plain loop preempts), after a step in which a request completes or an arrival is delivered, at
+max_iterations and, with requests queued, before a step whose token count differs from the last scheduled one
+(a smaller budget use could let a queued prefill in; with nothing queued the count only shrinks, within budget).
+Acceptance draws cannot be known before the step, so there is no closed form over many steps; what is saved is
+the scheduler's and the shape's work per step."""
+from __future__ import annotations
+
+from sim.engine.request import RUNNING
+
+
+def applies(sim) -> bool:
+    """Can this Simulation take steady speculative steps here at all (fixed for the run)?"""
+    spec, mem = sim.speculation, sim.memory
+    return (spec is not None and sim.exact_fast_paths and sim.lora is None
+            and sim.costmodel.accepts_decode_sums() and spec.sums and sim.view.plain_reserve
+            and getattr(mem, "kv_bits", 16) == 16)
+
+
+def full_verify_step(batch, k: int) -> bool:
+    """Before its commit: did the scheduled step give every request its full 1 + k' tokens, decodes only (the
+    budget clipped no verify pass)?"""
+    if batch.hold_output or batch.cohort:
+        return False
+    for r, c in zip(batch.reqs, batch.tokens):
+        left = r.output_tokens - r.generated
+        if r.cached < r.input_tokens or c != 1 + (k if left - 1 > k else left - 1):
+            return False
+    return True
+
+
+def steady_steps(sim, now: float, order: list, full_tokens: int):
+    """Take steady verify steps of `order` (the last scheduled step's requests, which are the whole running set)
+    from `now`; a generator (a cluster replica yields as the plain loop does). Returns the replica's clock.
+
+    The plain loop's calls are inlined where their class is known (KVCacheManager's blocks_for and reserve, as
+    view.plain_reserve says; the rate's draws taken from the generator's block in order) and the speculation
+    counters kept in locals: integer sums, written back at the end."""
+    view, mem, cm, spec, clock = sim.view, sim.memory, sim.costmodel, sim.speculation, sim.arrival_clock
+    k = spec.k
+    cluster = clock.cluster
+    queued = bool(view.waiting or view.swapped)
+    arrived = sim.arrived
+    bs = mem.block_size
+    record = sim.record_iterations
+    rows = sim.iter_rows
+    time_from_sums = cm.time_from_sums
+    # the drafter's passes as Speculation.draft_time prices them (no prefill chunk here): its cost model and scale
+    dcm, scale = ((spec.draft_cm, 1.0) if spec.draft_cm is not None else (spec.target, spec.fraction)) \
+        if spec.cfg.method != "ngram" else (None, 0.0)
+    if not scale:
+        dcm = None
+    sums_time = spec._sums_time
+    trim = mem.trim
+    fresh = spec.rate_only()               # else spec.draw: per-request lists first, or a rate of 0 or 1
+    draws = spec._draws
+    max_it = sim.max_iterations
+    waiting, swapped, running = view.waiting, view.swapped, view.running
+    n = len(order)
+    taken = steps = proposed = accepted = produced = full_steps = full_tokens_ = freed = 0
+    cs = [0] * n
+    while not (max_it and view.iteration >= max_it):
+        # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
+        # are checked whole before any is made (a shortfall is the plain loop's preemption)
+        need = tokens = n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
+        grow = []
+        for i, r in enumerate(order):
+            left = r.output_tokens - r.generated
+            m = r.cached
+            if left > k:
+                c = k + 1
+            else:
+                c = left
+            cs[i] = c
+            e = -(-(m + c) // bs) - r.blocks
+            if e > 0:
+                need += e
+                grow.append((r, e))
+            if c == 1:
+                n_dec += 1
+                kv_read += m + 1
+            else:
+                n_pre += 1
+                pt += c
+                c2 += c * c
+                ck += c * m
+                pk += m
+        tokens = pt + n_dec
+        if need > mem.free_blocks or (queued and tokens != full_tokens):
+            break
+        view.now = now
+        view.iteration += 1
+        mem.clock = now
+        for r, e in grow:                  # KVCacheManager.reserve: the blocks past those held
+            r.blocks += e
+        mem.free_blocks -= need
+        # verify passes' drafts run at context m + 1: their sum is pk + n_pre
+        dt = time_from_sums(tokens, n_pre, c2, ck, pk, n_dec, kv_read) + (
+            sums_time(dcm, scale, 0, 0, 0, 0, 0, n_pre, pk + n_pre) if n_pre and dcm is not None else 0.0)
+        start, now = now, now + dt
+        if cluster and not clock.synced(now):
+            yield now
+        if clock.time <= now:
+            sim._deliver(start, now)
+        mem.clock = now
+        # the commit: _commit's verify branch, or its plain decode branch for the last token (k' = 0)
+        finished = False
+        generated = 0
+        for r, c in zip(order, cs):
+            if c > 1:
+                ke = c - 1
+                if fresh:
+                    if not draws:
+                        draws = spec.refill()
+                    j = draws.pop()
+                    if j > ke:
+                        j = ke
+                else:
+                    j = spec.draw(r.id, ke)
+                left = r.output_tokens - r.generated
+                gained = j + 1 if j < left else left
+                steps += 1
+                proposed += ke
+                accepted += j
+                produced += gained
+                if ke == k:
+                    full_steps += 1
+                    full_tokens_ += gained
+                m = r.cached + gained
+                r.cached = m
+                if r.blocks > -(-m // bs):     # trim releases nothing otherwise (and changes nothing)
+                    freed += trim(r, m)
+                r.token_times.extend([now] * gained)
+            else:
+                gained = 1
+                r.cached += 1
+                r.token_times.append(now)
+            g = r.generated + gained
+            r.generated = g
+            generated += gained
+            if g >= r.output_tokens:
+                sim._finish(r, now)
+                finished = True
+        view.kv_cached_tokens += generated      # (integers: the plain loop's per-request adds, summed)
+        sim.tokens_generated += generated
+        if finished:
+            running[:] = [r for r in running if r.state == RUNNING]
+        if record:
+            rows.append((start, dt, n, 0, n, len(running), len(waiting) + len(swapped), mem.used_tokens,
+                         view.kv_cached_tokens - mem.offloaded_tokens, 0, 0, 0))
+        else:
+            sim.tally.add(n, len(running), mem.used_tokens)
+        taken += 1
+        if finished or sim.arrived != arrived:
+            break
+    if taken:
+        it = view.iteration
+        for r in order:
+            r.sched_stamp = it
+        sim.fast_forward_iterations += taken
+        spec.steps += steps
+        spec.proposed += proposed
+        spec.accepted += accepted
+        spec.tokens += produced
+        spec.full_steps += full_steps
+        spec.full_tokens += full_tokens_
+        spec.freed_blocks += freed
+    return now
