@@ -96,31 +96,67 @@ def x(v):
     return f"{v:.2f}x"
 
 
+def _calibration(s, k) -> dict:
+    """vLLM's Fig. 2 calibration on seed k: its own 90% knee and the paper's 3 req/s as 1.15x that knee."""
+    knee = eff(s, VLLM, 0.9, k)
+    hi = knee * 3.0 / PAPER_KNEE                  # the paper's 3 req/s, at the same load relative to the knee
+    return {"knee": knee, "hi": hi, "a": apt(s, VLLM, knee, seed=k), "b": apt(s, VLLM, hi, seed=k)}
+
+
+def _pp(e) -> str:
+    """A change of a fraction, per seed, in percentage points with its 95% CI."""
+    return f"{100 * e.mean:+.1f} pp [95% CI {100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
+
+
+def _ci(e, scale=100.0, unit="%") -> str:
+    return f"{scale * e.mean:.0f}{unit} [95% CI {scale * e.lo:.0f}, {scale * e.hi:.0f}]"
+
+
 @register_claim("AS-1", "aptserve", "3 (Fig. 2)", "Calibration, vLLM: 90% SLO attainment up to ≈2.6 req/s, ≈70% at "
                 "3 req/s; violations are mostly TTFT; TBT attainment stays roughly flat with rate")
 def as1(s):
-    knee = eff(s, VLLM, 0.9)
-    hi = knee * 3.0 / PAPER_KNEE                  # the paper's 3 req/s, at the same load relative to the knee
-    a, b = apt(s, VLLM, knee), apt(s, VLLM, hi)
-    ok = b["ttft_viol_share"] > 0.5 and min(a["tbt_att"], b["tbt_att"]) >= 0.9
+    """Per seed: the share of violators that miss TTFT above one half, and TBT attainment at both rates at least
+    90%, each judged by the CI rule (as margins over those bounds); magnitudes compare the seed means."""
+    c = {k: _calibration(s, k) for k in SEEDS}
+    ttft = seed_effect([c[k]["b"]["ttft_viol_share"] - 0.5 for k in SEEDS])
+    tbt = seed_effect([min(c[k]["a"]["tbt_att"], c[k]["b"]["tbt_att"]) - 0.9 for k in SEEDS])
+    d, why = combine([ttft, tbt])
+    knee = seed_effect([c[k]["knee"] for k in SEEDS], tie=0)
+    att = seed_effect([c[k]["b"]["att"] for k in SEEDS], tie=0)
+    hi = float(np.mean([c[k]["hi"] for k in SEEDS]))
+    m = {key: seed_effect([c[k][ab]["tbt_att"] for k in SEEDS], tie=0) for key, ab in (("a", "a"), ("b", "b"))}
     return Outcome("knee 2.6 req/s; 70% at 3; TTFT violations dominate",
-                   f"knee {knee:.2f} req/s; {100 * b['att']:.0f}% at {hi:.2f} req/s (= 3 × our knee / 2.6); "
-                   f"{100 * b['ttft_viol_share']:.0f}% of violators miss TTFT; TBT attainment "
-                   f"{100 * a['tbt_att']:.0f}% → {100 * b['tbt_att']:.0f}%", ok,
-                   within(knee, PAPER_KNEE) and within(b["att"], 0.7),
+                   f"knee {knee.mean:.2f} req/s [95% CI {knee.lo:.2f}, {knee.hi:.2f}]; attainment {_ci(att)} at "
+                   f"1.15x each seed's knee (mean {hi:.2f} req/s = 3 × knee / 2.6); violators missing TTFT "
+                   f"{_ci(seed_effect([v + 0.5 for v in ttft.values], tie=0))}; TBT attainment {_ci(m['a'])} → "
+                   f"{_ci(m['b'])} ({len(SEEDS)} seeds)", d,
+                   within(knee.mean, PAPER_KNEE) and within(att.mean, 0.7),
                    note="roofline v2 for OPT-13B with vLLM 0.5's eager per-sequence overhead set to the paper's "
-                        "120 ms anchor (a 50-request decode step). " + vllm_counters(s, (knee, hi)))
+                        "120 ms anchor (a 50-request decode step); direction: violators missing TTFT above 50% and "
+                        "TBT attainment at least 90% at both rates, each by the CI rule. " +
+                        vllm_counters(s, (c[0]["knee"], c[0]["hi"])), untestable=why)
 
 
 @register_claim("AS-2", "aptserve", "3 (Fig. 2)", "vLLM spends ≈60% of the serving time at its batch limit at the "
                 "90% knee and > 80% at 3 req/s")
 def as2(s):
-    knee = eff(s, VLLM, 0.9)
-    a, b = apt(s, VLLM, knee)["limit_share"], apt(s, VLLM, knee * 3.0 / PAPER_KNEE)["limit_share"]
-    return Outcome("≈60% at the knee, > 80% above it", f"{100 * a:.0f}% at {knee:.2f} req/s, {100 * b:.0f}% at "
-                   f"{knee * 3.0 / PAPER_KNEE:.2f} req/s", b > a and b > 0.5, within(a, 0.6) and within(b, 0.8),
+    """Per seed: the time share at the limit grows from the knee to 1.15x it, and exceeds one half there, each
+    judged by the CI rule; magnitudes compare the seed means."""
+    c = {k: _calibration(s, k) for k in SEEDS}
+    a = seed_effect([c[k]["a"]["limit_share"] for k in SEEDS], tie=0)
+    b = seed_effect([c[k]["b"]["limit_share"] for k in SEEDS], tie=0)
+    grow = seed_effect([c[k]["b"]["limit_share"] - c[k]["a"]["limit_share"] for k in SEEDS])
+    over = seed_effect([c[k]["b"]["limit_share"] - 0.5 for k in SEEDS])
+    d, why = combine([grow, over])
+    knee, hi = (float(np.mean([c[k][x_] for k in SEEDS])) for x_ in ("knee", "hi"))
+    return Outcome("≈60% at the knee, > 80% above it",
+                   f"{_ci(a)} at the knee (mean {knee:.2f} req/s), {_ci(b)} at 1.15x it (mean {hi:.2f} req/s); "
+                   f"growth {_pp(grow)} ({len(SEEDS)} seeds)", d,
+                   within(a.mean, 0.6) and within(b.mean, 0.8),
                    note="'at the limit' = 256 sequences running, or KV ≥ 90% allocated with requests waiting, "
-                        "time-weighted. " + vllm_counters(s, (knee, knee * 3.0 / PAPER_KNEE)))
+                        "time-weighted; direction: the share grows above the knee and exceeds 50% there, each by "
+                        "the CI rule (a change under 2 points is a tie). " +
+                        vllm_counters(s, (c[0]["knee"], c[0]["hi"])), untestable=why)
 
 
 @register_claim("AS-3", "aptserve", "3 (Fig. 4)", "Random scheduling beats FCFS at every rate; FCFS TTFT violations "
@@ -260,7 +296,7 @@ def as10(s):
                    "; ".join(f"{p}: " + " → ".join(f"{100 * v:.0f}%" for v in m[p]) for p in pols) +
                    f" (CV {CVS}, {rate:g} req/s, mean of {len(SEEDS)} seeds); Apt-Serve/vLLM " +
                    " → ".join(x(v) for v in ml) + f"; lead growth CV 1→10 {widen.mean:+.2f} [95% CI {widen.lo:+.2f}, "
-                   f"{widen.hi:+.2f}]", d, within_ratio(max(ml), 7.5),
+                   f"{widen.hi:+.2f}]; attainment fall CV 1→10 (mean over systems) {_pp(fall)}", d, within_ratio(max(ml), 7.5),
                    note="rate: Sarathi's 90% effective throughput, where Poisson arrivals leave Apt-Serve and "
                         "Sarathi both near the SLO, as Fig. 9 starts", untestable=why)
 
