@@ -251,9 +251,14 @@ class PrefixCachingKVManager(KVCacheManager):
         if k in cpu:
             cpu.move_to_end(k)
             return
-        if len(cpu) >= self.cpu_capacity:
-            cpu.popitem(last=False)
         cpu[k] = None
+        self._trim_cpu()
+
+    def _trim_cpu(self) -> None:
+        """The CPU tier back to its capacity, least recently used out (a tier below overrides where they go)."""
+        cpu = self.cpu
+        while len(cpu) > self.cpu_capacity:
+            cpu.popitem(last=False)
 
     # -- lookups and admission -----------------------------------------------------------------------------------
     def lookup(self, req) -> int:

@@ -28,15 +28,8 @@ class DiskTier:
         self.disk_writes = 0                       # blocks the CPU tier demoted to disk
 
     def _to_cpu(self, k) -> None:
-        if not self.cpu_capacity:
-            return
-        cpu = self.cpu
-        if k in cpu:
-            cpu.move_to_end(k)
-            return
         self.disk.pop(k, None)                     # a block lives in one tier below the GPU
-        cpu[k] = None
-        self._trim_cpu()
+        super()._to_cpu(k)
 
     def _trim_cpu(self) -> None:
         cpu, disk = self.cpu, self.disk
