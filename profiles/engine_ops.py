@@ -226,8 +226,12 @@ def attention_candidates(torch, device_type: str, heads: int):
                         if mod and device_type == "cuda" else None, "flash_attn not importable"))
         elif name in ("torch-flash-varlen", "torch-flash-varlen-split"):
             ok = device_type == "cuda" and hasattr(torch.ops.aten, "_flash_attention_forward")
+            why = "needs CUDA and aten._flash_attention_forward"
+            if ok and name.endswith("split") and not _takes_num_splits(torch):
+                # torch 2.11's schema has no num_splits (seen on the lent H100): say so instead of a schema error
+                ok, why = False, f"torch {torch.__version__}'s aten._flash_attention_forward takes no num_splits"
             out.append((name, (lambda n=name: FlashVarlen(torch, n, _torch_flash(torch, n.endswith("split"))))
-                        if ok else None, "needs CUDA and aten._flash_attention_forward"))
+                        if ok else None, why))
         elif name == "triton-split-kv-decode":
             ok = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
             mod = _try_import("triton") if ok else None
@@ -239,6 +243,13 @@ def attention_candidates(torch, device_type: str, heads: int):
         else:
             out.append((name, lambda: SdpaPadded(torch, heads), ""))
     return out
+
+
+def _takes_num_splits(torch) -> bool:
+    try:
+        return "num_splits" in str(torch.ops.aten._flash_attention_forward.default._schema)
+    except Exception:   # noqa: BLE001 — an op without a readable schema is treated as the older one
+        return False
 
 
 def _try_import(name):

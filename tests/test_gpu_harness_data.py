@@ -18,6 +18,9 @@ from profiles.timing import CpuTimer, Timed, calls_per_graph, per_call_times
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_H200 = ROOT.parent / "shared" / "data" / "profiles" / "h200-harness-4bc7dd0"
 CHECKED = ROOT / "profiles" / "h200" / "gpu-check-2026-11-26"
+CHECKED_H100 = ROOT / "profiles" / "h100-sxm" / "gpu-check-2026-11-26"
+# each committed GPU run with the catalog GPU it ran on
+RUNS = [pytest.param(CHECKED, "h200", id="h200"), pytest.param(CHECKED_H100, "h100-sxm", id="h100")]
 
 
 # -- graph-timing arithmetic --------------------------------------------------------------------------------
@@ -73,34 +76,42 @@ def test_check_flags_the_first_harness_eager_padded_attention():
     assert (df["flag"] != "").all() and set(df["gpu"]) == {"h200"}
 
 
-def test_check_on_the_committed_h200_rows_passes_the_engine_timed_iterations():
-    """Measured data (this folder's README): graph-replayed whole iterations within ±25% of the shipped roofline,
+@pytest.mark.parametrize("folder,gpu", RUNS)
+def test_check_on_the_committed_rows_passes_the_engine_timed_iterations(folder, gpu):
+    """Measured data (each folder's README): graph-replayed whole iterations within ±25% of the shipped model,
     eager ones flagged, no padded attention anywhere, the MoE experts compared with the roofline's MoE time."""
     from costmodels.profile_check import check_profile
     from costmodels.profile_data import read_profiles
-    df = check_profile(read_profiles(sorted(CHECKED.glob("*.csv"))))
+    df = check_profile(read_profiles(sorted(folder.glob("*.csv"))))
+    assert set(df["gpu"]) == {gpu}
     fam = df.set_index(["model", "dtype", "family"])
     for model, dtype in (("llama-2-7b", "fp16"), ("llama-3-8b", "bf16")):
         assert fam.loc[(model, dtype, "iteration (graph)"), "flag"] == ""
-        assert "beyond" in fam.loc[(model, dtype, "iteration (eager)"), "flag"]
+        # Python dispatch between kernels: the eager iterations run at least 20% slower than the same batches
+        # replayed (on the H100 Llama-2-7B's eager rows stay inside ±25% only because its shipped profiled model,
+        # fitted on Vidur's H100 rows, is itself slow: the graph rows sit at 0.86x of it)
+        eager, graph = (fam.loc[(model, dtype, f"iteration ({m})"), "ratio_median"] for m in ("eager", "graph"))
+        assert eager > 1.2 * graph, (model, eager, graph)
     assert not df["flag"].str.contains("not FlashAttention").any()
     moe = fam.loc[("mixtral-8x7b", "bf16", "moe_mlp")]
     assert moe["n"] == 37 and moe["compared_with"].startswith("roofline")
 
 
-def test_committed_moe_rows_never_beat_the_weight_read_floor():
+@pytest.mark.parametrize("folder,gpu", RUNS)
+def test_committed_moe_rows_never_beat_the_weight_read_floor(folder, gpu):
     """Physical sanity of the measured MoE rows: once a step's tokens reach all 8 experts (16 tokens and more), the
     routed experts' weights are read at least once, so no row may be faster than those bytes at the measured copy
-    bandwidth (4.24 TB/s, summary.json)."""
-    summary = json.loads((CHECKED / "summary.json").read_text())
+    bandwidth (summary.json: 4.24 TB/s on the H200, 3.02 TB/s on the H100)."""
+    summary = json.loads((folder / "summary.json").read_text())
     m = get_model("mixtral-8x7b")
     floor_ms = m.experts * 3 * m.hidden * m.expert_ffn * 2 / summary["copy_bw_bytes_per_s"] * 1e3
-    rows = pd.read_csv(CHECKED / "mixtral-moe.csv")
+    rows = pd.read_csv(folder / "mixtral-moe.csv")
     big = rows[rows["num_tokens"] >= 16]
     assert len(big) > 30 and (big["time_ms"] >= floor_ms).all()
 
 
-def test_calibrating_the_committed_h200_rows_holds_out_whole_decode_iterations():
+@pytest.mark.parametrize("folder,gpu", RUNS)
+def test_calibrating_the_committed_rows_holds_out_whole_decode_iterations(folder, gpu):
     """Measured data: a profiled fit of each model's rows holds out its graph-replayed pure-decode iterations (never
     fitted) within 5%, while the eager iterations are far off the same fit — the reason calibrate refuses eager
     operator rows. (Mixed iterations are 18-23% off: the harness runs their decodes inside the varlen prefill
@@ -108,8 +119,8 @@ def test_calibrating_the_committed_h200_rows_holds_out_whole_decode_iterations()
     from costmodels.calibrate import fit, predict_op, split_contiguous
     from costmodels.profile_data import read_profile
     for model, tag in (("llama-2-7b", "l2-7b"), ("llama-3-8b", "l3-8b")):
-        train, test = split_contiguous(read_profile(CHECKED / f"{tag}.csv"))
-        cm = fit("profiled", train, get_model(model), get_gpu("h200"))
+        train, test = split_contiguous(read_profile(folder / f"{tag}.csv"))
+        cm = fit("profiled", train, get_model(model), get_gpu(gpu))
         it = test[test["op"] == "iteration_forward"]
         ape = pd.Series([abs(predict_op(cm, r) * 1e3 / r["time_ms"] - 1) for _, r in it.iterrows()], index=it.index)
         decode = (it["prefill"] == "")
@@ -130,6 +141,25 @@ def test_pricing_mixed_decodes_inside_the_varlen_call_predicts_the_committed_mix
         assert b["mixed"] > 15 and a["mixed"] < b["mixed"] / 2, (model, b, a)
         assert abs(a["pure_decode"] - b["pure_decode"]) < 1e-9
         assert a["all"] < 5.0 < b["all"], (model, b, a)
+
+
+def test_the_h100_run_timed_mixed_batches_both_ways_and_its_acceptance_holds_from_the_rows():
+    """Measured data: the H100 run (the first with attn_mixed rows) priced a mixed batch's decodes inside the varlen
+    call; recomputed here from the committed CSVs, every held-out graph-replayed iteration set is within 5% for both
+    ways of running mixed batches, the same figures the run's summary.json recorded on the GPU, and batch-1 decode
+    stayed within 10% of the compiled yardstick at every context."""
+    from profiles.mixed_from_layers import iteration_errors
+    summary = json.loads((CHECKED_H100 / "summary.json").read_text())
+    acc = summary["acceptance"]
+    assert acc["decode_b1_max_ratio"] <= 1.10 and len(summary["decode_b1"]) == 6
+    for model, tag in (("llama-2-7b", "l2-7b"), ("llama-3-8b", "l3-8b")):
+        rows = pd.read_csv(CHECKED_H100 / f"{tag}.csv")
+        assert (rows["op"] == "attn_mixed").sum() == 64
+        assert set(rows["mixed_attention"].dropna()) == {"one-varlen", "split"}
+        for mode in ("one-varlen", "split"):
+            e = iteration_errors([CHECKED_H100 / f"{tag}.csv"], get_model(model), get_gpu("h100-sxm"), mode=mode)
+            assert e["n"] == 20 and e["all"] <= 5.0, (model, mode, e)
+            assert e["all"] == pytest.approx(acc["iterations"][model][mode]["all"], rel=1e-6)
 
 
 def _mixed_table(n_rows=24, seed=0):
