@@ -182,7 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--params", default=",".join(DEFAULT_FIT), help=f"parameters to fit, of {', '.join(PARAMS)}")
     ap.add_argument("--base", help="preset the unfitted parameters come from (default: none, zeros)")
-    ap.add_argument("--preset", default="vllm", help="name to write the fit under (default: vllm)")
+    ap.add_argument("--preset", default="vllm", help="name to write the fit under (default: vllm); --loo-all: the "
+                    "preset whose values and fitted parameters the folds start from")
     ap.add_argument("--loo", action="store_true", help="leave-one-out errors only; writes nothing but --out")
     ap.add_argument("--loo-all", action="store_true", help="true leave-one-out: each run of the folder predicted by a "
                     "refit on all the others (chord method from the shipped preset); writes only --out")
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
         from study.validate import format_report, summarize
         if args.steps < 1:
             raise SystemExit(f"--steps: must be at least 1, got {args.steps}")
-        recs = leave_all_out(exps, workloads, args.jobs, steps=args.steps, log=sys.stderr)
+        recs = leave_all_out(exps, workloads, args.jobs, preset=args.preset, steps=args.steps, log=sys.stderr)
         result = {"experiments": recs, "summary": summarize(recs, fitted=[]), "fit_experiments": [],
                   "kv": "measured"}
         print(format_report(result).replace("groups below: held-out experiments only",
