@@ -20,7 +20,7 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
-from sim.engine import specstretch
+from sim.engine import specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
@@ -118,6 +118,8 @@ class Simulation:
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
+        self.spec_walk = specwalk.applies(self)        # ... a window of them at a time (sim/engine/specwalk.py)
+        self.spec_walked_iterations = 0                # ... of them, uniform steps (diagnostics)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)

@@ -15,6 +15,7 @@ Acceptance draws cannot be known before the step, so there is no closed form ove
 the scheduler's and the shape's work per step."""
 from __future__ import annotations
 
+from sim.engine import specwalk
 from sim.engine.request import RUNNING
 
 
@@ -48,6 +49,8 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     view, mem, cm, spec, clock = sim.view, sim.memory, sim.costmodel, sim.speculation, sim.arrival_clock
     k = spec.k
     cluster = clock.cluster
+    lone = not cluster and sim.sessions is None
+    policy = sim.policy
     queued = bool(view.waiting or view.swapped)
     arrived = sim.arrived
     bs = mem.block_size
@@ -68,7 +71,18 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     n = len(order)
     taken = steps = proposed = accepted = produced = full_steps = full_tokens_ = freed = 0
     cs = [0] * n
+    # uniform steps (every request verifies k drafts) go through specwalk's tight loop; this loop takes the step
+    # that stopped it (a request near its end, an arrival, a KV shortfall, ...) and any other steady one
+    walkable = sim.spec_walk and not (queued and n * (k + 1) != full_tokens)
+    prices = spec.walk_prices
     while not (max_it and view.iteration >= max_it):
+        if walkable:
+            walked, now = specwalk.uniform_steps(sim, now, order, dcm, scale, prices)
+            if walked:
+                taken += walked
+                draws = spec._draws        # (a block it refilled)
+                if max_it and view.iteration >= max_it:
+                    break
         # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
         # are checked whole before any is made (a shortfall is the plain loop's preemption)
         need = tokens = n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
@@ -160,8 +174,27 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         else:
             sim.tally.add(n, len(running), mem.used_tokens)
         taken += 1
-        if finished or sim.arrived != arrived:
+        if sim.arrived != arrived:
             break
+        if finished:
+            # With nothing queued the freed KV admits nobody: the plain loop's next schedule() takes the rest of
+            # the running set in the same order, as the policy vouches again (a lone replica without sessions:
+            # a completion there changes no other state the steps read)
+            if queued or not lone or not policy.steady_decode(view, False):
+                break
+            it = view.iteration
+            rest = []
+            for r in order:
+                if r.state == RUNNING:
+                    rest.append(r)
+                else:
+                    r.sched_stamp = it
+            if not rest:
+                break
+            order = rest
+            n = len(order)
+            cs = [0] * n
+            walkable = sim.spec_walk
     if taken:
         it = view.iteration
         for r in order:

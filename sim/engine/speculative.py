@@ -139,6 +139,7 @@ class Speculation:
         self.rng = np.random.default_rng([int(seed), 0x5EC])
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
+        self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -175,6 +176,20 @@ class Speculation:
         """The next block of geometric draws at the rate, last first (taken with pop())."""
         self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
         return self._draws
+
+    def walk_draws(self, reqs):
+        """How uniform steps of `reqs` draw (sim/engine/specwalk.py): 'rate' (fresh draws from the generator), or
+        the constant accepted count (k at a rate of 1, 0 at 0); None while one of them still has entries of its
+        own list."""
+        lists = self.lists
+        if lists:
+            used = self.used
+            for r in reqs:
+                seq = lists.get(r.id)
+                if seq is not None and used.get(r.id, 0) < len(seq):
+                    return None
+        a = self.rate
+        return self.k if a >= 1.0 else 0 if a <= 0.0 else "rate"
 
     def rate_only(self) -> bool:
         """Is every draw a fresh geometric one from the generator (no per-request lists, 0 < rate < 1)?"""
