@@ -175,6 +175,14 @@ class UnifiedScheduler(Policy):
                 return False
         return True
 
+    def steady_order(self, view, spec_tokens):
+        """Running first, decode first or prefill first with nothing queued: the running group in running order
+        (ranked order sorts it, so it is not known here); each decode's verify pass is clipped only by the budget."""
+        if self.config.order == "ranked" or view.waiting or view.swapped or view.cohort is not None:
+            return None
+        tokens = sum(1 + min(spec_tokens, r.output_tokens - r.generated - 1) for r in view.running)
+        return list(view.running) if tokens <= self.C else None
+
     def decode_cohort(self, view):
         """The running group is where decodes get their token: at the head of the batch (decode-first), after
         the admissions (prefill-first, whose waiting group then must not evict running requests), or ahead of

@@ -60,7 +60,10 @@ def _loop(fast):
 @BOTH
 def test_acceptance_one_gives_k_plus_one_tokens_per_step(fast):
     sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=1.0), **_loop(fast))
-    assert sim.fast_forward_iterations == (1 if fast else 0)    # the second verify pass
+    # both verify passes skip the scheduler (the first starts right after the prefill step admitted the prompt);
+    # the first, with 8 tokens left, is a uniform step (every request verifies all k drafts: sim/engine/specwalk.py)
+    assert sim.fast_forward_iterations == (2 if fast else 0)
+    assert sim.spec_walked_iterations == (1 if fast else 0)
     # prefill 8 tokens: 1 + 2 = 3 s (token 1); two verify passes of 1 + 3 tokens: 2 s each, 4 tokens each
     assert _times(sim) == [3.0] + [5.0] * 4 + [7.0] * 4
     row = res.requests.iloc[0]
@@ -74,7 +77,8 @@ def test_acceptance_one_gives_k_plus_one_tokens_per_step(fast):
 @BOTH
 def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost(fast):
     sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=0.0), **_loop(fast))
-    assert sim.fast_forward_iterations == (7 if fast else 0)    # 8 decode steps, the first one scheduled
+    assert sim.fast_forward_iterations == (8 if fast else 0)    # 8 decode steps, none scheduled
+    assert sim.spec_walked_iterations == (4 if fast else 0)     # remaining 8..5: 1 + 3 tokens, uniform
     # remaining 8..4: 1 + 3 drafts (2 s); remaining 3: 1 + 2 (1.75 s); 2: 1 + 1 (1.5 s); 1: a plain decode (1.5 s)
     expected = [3.0]
     for dt in (2.0, 2.0, 2.0, 2.0, 2.0, 1.75, 1.5, 1.5):
@@ -105,7 +109,8 @@ def test_known_acceptance_sequence_gives_exact_times_and_kv(fast):
     sim.iter_rows = Rows()
     res = sim.run()
     if fast:
-        assert sim.fast_forward_iterations == 2    # steps 3 and 4 (step 2 is the first verify pass, scheduled)
+        assert sim.fast_forward_iterations == 3    # steps 2-4: the verify passes after the prefill step
+        assert sim.spec_walked_iterations == 0     # the list's entries are not drawn by uniform steps
     # step 2: 4 slots reserved (12), 2 accepted + 1 -> 11 kept; step 3: 15 reserved, 0 accepted -> 12; step 4: done
     assert held[:3] == [(8, 8, 92), (11, 11, 89), (12, 12, 88)]
     assert held[3][2] == 100                       # completion frees everything

@@ -296,12 +296,24 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
-            if (spec_full and self.completed == completed_before and self.arrived == arrived_at_schedule
+            order = None
+            if (self.spec_steady and self.completed == completed_before and self.arrived == arrived_at_schedule
                     and not (view.step_preemptions or view.step_swap_in or view.step_swap_out
-                             or view.step_hidden_recompute or view.step_swap_hidden or view.step_disk_s)
-                    and policy.steady_decode(view, True)):
-                before = view.iteration             # the same step again, without the scheduler
-                now = yield from specstretch.steady_steps(self, now, list(batch.reqs), batch.num_tokens)
+                             or view.step_hidden_recompute or view.step_swap_hidden or view.step_disk_s)):
+                if spec_full:
+                    if policy.steady_decode(view, True):
+                        order, full_tokens = list(batch.reqs), batch.num_tokens
+                elif (n_prefill and not (view.waiting or view.swapped) and not batch.hold_output
+                      and all(r.cached >= r.input_tokens for r in view.running)
+                      and policy.steady_decode(view, False)):
+                    # the step admitted the last prefill: the next one is all verify passes, in an order the
+                    # policy may know without scheduling (nothing queued, so the token count only matters
+                    # within the budget, which steady_order checks)
+                    order = policy.steady_order(view, self.speculation.k)
+                    full_tokens = -1
+            if order:
+                before = view.iteration             # steps like the next scheduled one, without the scheduler
+                now = yield from specstretch.steady_steps(self, now, order, full_tokens)
                 if view.iteration > before:          # every such step generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:

@@ -18,6 +18,8 @@ or after the next arrival event (or, in a cluster, past what the router has deci
 specstretch's loop then takes that step."""
 from __future__ import annotations
 
+from itertools import repeat
+
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
 from sim.engine.speculative import PASS_CACHE
@@ -105,19 +107,23 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     stop = max_it - view.iteration if max_it else -1
     draws = spec._draws
     fresh = mode == "rate"
+    pop = draws.pop if fresh else repeat(mode).__next__
     record = sim.record_iterations
     rows = sim.iter_rows
     running_n = len(view.running)
     queue_n = len(view.waiting) + len(view.swapped)
     total_blocks = mem.total_blocks
     offloaded = mem.offloaded_tokens
-    ms = [r.cached for r in order]
-    tts = [r.token_times for r in order]
+    # per request, in locals until the end: KV tokens, capacity (blocks x block size), token-time appenders
+    m0 = [r.cached for r in order]
+    ms = list(m0)
+    caps = [r.blocks * bs for r in order]
+    ext = [r.token_times.extend for r in order]
     rng = range(n)
     pk = sum(ms)
-    # blocks each request must add for the next step's 1 + k tokens (past those it holds)
-    grow = [max(0, -(-(m + k1) // bs) - r.blocks) for r, m in zip(order, ms)]
-    need = sum(grow)
+    # (request, blocks) it must add for the next step's 1 + k tokens, past those it holds
+    pend = [(i, -(-(m + k1 - c) // bs)) for i, m, c in zip(rng, ms, caps) if m + k1 > c]
+    need = sum(e for _, e in pend)
     free = mem.free_blocks
     kvc = view.kv_cached_tokens
     it = view.iteration
@@ -149,51 +155,50 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
             draft_total += d
         # the step: its reservations, then the commit (draws in the running order)
         if need:
-            for r, e in zip(order, grow):
-                if e:
-                    r.blocks += e
+            for i, e in pend:
+                caps[i] += e * bs
             free -= need
+            pend = []
+            need = 0
         start, now = now, end
         it += 1
-        gained_all = 0
-        need = 0
+        gained = 0
         low = 1 << 62
         for i in rng:
-            if fresh:
-                if not draws:
-                    draws = spec.refill()
-                j = draws.pop()
-                if j > k:
-                    j = k
-            else:
-                j = mode
+            try:
+                j = pop()
+            except IndexError:                          # the block is used up: the generator's next one
+                draws = spec.refill()
+                pop = draws.pop
+                j = pop()
+            if j > k:
+                j = k
             g = j + 1
             m = ms[i] + g
             ms[i] = m
-            r = order[i]
-            r.cached = m
-            r.generated += g
             left = lefts[i] - g
             lefts[i] = left
             if left < low:
                 low = left
-            gained_all += g
-            tts[i].extend([now] * g)
-            b = r.blocks
-            if b * bs - m >= bs:                       # blocks past those m tokens need: the rejected drafts' tail
+            gained += g
+            ext[i]([now] * g)
+            cap = caps[i]
+            if cap - m >= bs:                           # blocks past those m tokens need: the rejected drafts' tail
+                r = order[i]
+                r.blocks = cap // bs
                 mem.clock = now
                 x = trim(r, m)
                 freed += x
                 free += x
-                b -= x
-            e = -(-(m + k1) // bs) - b                 # the next step's reservation
-            if e < 0:
-                e = 0
-            grow[i] = e
-            need += e
-        pk += gained_all
-        produced += gained_all
-        kvc += gained_all
+                cap -= x * bs
+                caps[i] = cap
+            if m + k1 > cap:                            # the next step's reservation
+                e = -(-(m + k1 - cap) // bs)
+                pend.append((i, e))
+                need += e
+        pk += gained
+        produced += gained
+        kvc += gained
         used = (total_blocks - free) * bs
         if record:
             rows.append((start, dt, n, 0, n, running_n, queue_n, used, kvc - offloaded, 0, 0, 0))
@@ -206,6 +211,10 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
         return 0, now
     if fresh:
         spec._draws = draws
+    for r, m, a, c in zip(order, ms, m0, caps):
+        r.cached = m
+        r.generated += m - a
+        r.blocks = c // bs
     mem.free_blocks = free
     mem.clock = now
     view.now = start
