@@ -18,7 +18,7 @@ from sim.engine.fastforward import FastForward
 from sim.engine.itertally import IterationTally
 from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
-from sim.metrics import SimResult, finalize_request
+from sim.metrics import SimResult, finalize_many, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
 from sim.engine import specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
@@ -120,6 +120,8 @@ class Simulation:
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
         self.spec_walk = specwalk.applies(self)        # ... a window of them at a time (sim/engine/specwalk.py)
         self.spec_walked_iterations = 0                # ... of them, uniform steps (diagnostics)
+        self.spec_done: list = []       # steady verify steps' completions whose TBT statistics wait (finalize_many)
+        self.spec_window_iterations = 0                # ... of those, worked out a window at a time
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
@@ -972,7 +974,18 @@ class Simulation:
                     self.cohort.flush_at = self.flush_at
             self.view.loose[:] = self.view.running
 
+    def flush_spec_done(self) -> None:
+        """Reduce the waiting completions' token times to their TBT statistics together (finalize_request's
+        floats, as the decode cohort does)."""
+        done = self.spec_done
+        if done:
+            finalize_many(done, self.keep_token_times)
+            if self.rows is not None:
+                self.retire([r for r, _ in done])
+            done.clear()
+
     def result(self) -> SimResult:
+        self.flush_spec_done()
         if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
             self.cohort.flush()
             self.cohort.materialize()

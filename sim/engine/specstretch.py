@@ -16,6 +16,7 @@ the scheduler's and the shape's work per step."""
 from __future__ import annotations
 
 from sim.engine import specwalk
+from sim.engine.cohort import FLUSH
 from sim.engine.request import RUNNING
 
 
@@ -50,6 +51,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     k = spec.k
     cluster = clock.cluster
     lone = not cluster and sim.sessions is None
+    done = sim.spec_done
     policy = sim.policy
     queued = bool(view.waiting or view.swapped)
     arrived = sim.arrived
@@ -162,7 +164,13 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             r.generated = g
             generated += gained
             if g >= r.output_tokens:
-                sim._finish(r, now)
+                if lone:               # its TBT statistics later, with others' (finalize_many: the same floats)
+                    sim._finish(r, now, finalize=False)
+                    done.append((r, ()))
+                    if len(done) >= FLUSH:
+                        sim.flush_spec_done()
+                else:
+                    sim._finish(r, now)
                 finished = True
         view.kv_cached_tokens += generated      # (integers: the plain loop's per-request adds, summed)
         sim.tokens_generated += generated

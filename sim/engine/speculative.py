@@ -140,6 +140,7 @@ class Speculation:
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
         self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
+        self.walk_gains = None                 # (draws list, its full verify passes' tokens): specwalk._gains
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}

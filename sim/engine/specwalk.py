@@ -18,11 +18,17 @@ or after the next arrival event (or, in a cluster, past what the router has deci
 specstretch's loop then takes that step."""
 from __future__ import annotations
 
-from itertools import repeat
+import math
+from bisect import bisect_right
+from itertools import accumulate, chain, repeat
 
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
 from sim.engine.speculative import PASS_CACHE
+
+WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
+MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
+INF = math.inf
 
 
 
@@ -76,6 +82,184 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
+def _gains(spec, draws) -> list:
+    """min(draw, k) + 1 for every draw of the list, index for index: a full verify pass's tokens per draw. Made
+    once per list (a list only loses draws off its end, so an index keeps its draw)."""
+    got = spec.walk_gains
+    if got is None or got[0] is not draws:
+        k = spec.k
+        got = spec.walk_gains = (draws, [j + 1 if j < k else k + 1 for j in draws])
+    return got[1]
+
+
+def _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival):
+    """Up to WINDOW uniform steps worked out request by request: step s, request i reads draw s n + i, so a
+    request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
+    KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
+    one loop over steps. Nothing is done (0 returned) when the window would be short, the drawn block runs out
+    within it, or the blocks the window could need at most do not fit the free ones (then a step could fall short:
+    the step-by-step loop decides). Returns (steps taken, the clock)."""
+    view, mem, spec = sim.view, sim.memory, sim.speculation
+    n, k = len(order), spec.k
+    k1 = k + 1
+    bs = mem.block_size
+    ms0 = [r.cached for r in order]
+    pk = sum(ms0)
+    dt0 = target(pk)
+    w = min(WINDOW, min(lefts) - k1)                # step s needs k + 2 tokens left; each step gains one at least
+    if arrival < INF:                               # every step takes dt0 at least (Σ context only grows)
+        w = min(w, int((arrival - now) / dt0) + 1)
+    stop = sim.max_iterations
+    if stop:
+        w = min(w, stop - view.iteration)
+    if w < MIN_WINDOW:
+        return 0, now
+    fresh = mode == "rate"
+    if fresh:
+        draws = spec._draws
+        if len(draws) < w * n:                      # the block's last draws: the step-by-step loop refills
+            return 0, now
+        gm = _gains(spec, draws)
+        top = len(draws) - 1
+        seqs = [gm[top - i:(top - i - w * n if top - i - w * n >= 0 else None):-n] for i in range(n)]
+    else:
+        seqs = [[mode + 1] * w] * n
+    cums = [list(accumulate(g)) for g in seqs]
+    for left, cum in zip(lefts, cums):              # uniform while the tokens before a step <= left - k - 2
+        w = min(w, bisect_right(cum, left - k - 2) + 1)
+    totals = list(map(sum, zip(*seqs)))
+    # the steps' prices and ends (as the step-by-step loop prices them), stopping before one ending at or past
+    # the next arrival event (or, in a cluster, past what the router has decided)
+    clock = sim.arrival_clock
+    cluster = clock.cluster
+    known = passes.get
+    ends, dts = [], []
+    drafted = spec.draft_time_s
+    start0 = t = now
+    dt = dt0
+    for s in range(w):
+        if s:
+            dt = target(pk)
+        if dpass is not None:
+            kv = pk + n
+            d = known(kv)
+            if d is None:
+                d = passes[kv] = dpass(kv)
+            for i in range(1, k):
+                x = known(kv + i * n)
+                if x is None:
+                    x = passes[kv + i * n] = dpass(kv + i * n)
+                d += x
+            d *= scale
+            dt = dt + d
+        else:
+            dt = dt + 0.0
+        end = t + dt
+        if end >= arrival or (cluster and not clock.synced(end)):
+            break
+        if dpass is not None:
+            drafted += d
+        ends.append(end)
+        dts.append(dt)
+        t = end
+        pk += totals[s]
+    steps = len(ends)
+    if not steps:
+        return 0, now
+    # KV: a request's reservation only grows over the window; if the largest fit, every step's does
+    held0 = [r.blocks for r in order]
+    grow = 0
+    for b0, m0, cum in zip(held0, ms0, cums):
+        res = -(-(m0 + (cum[steps - 2] if steps > 1 else 0) + k1) // bs)
+        if res > b0:
+            grow += res - b0
+    free0 = mem.free_blocks
+    if grow > free0:
+        return 0, now
+    # commit: the draws taken; per request its tokens, token times and KV events
+    if fresh:
+        del draws[len(draws) - steps * n:]
+    spec.draft_time_s = drafted
+    events = []                                     # (step, request, blocks held, tokens kept): a trim
+    delta = [0] * steps                             # blocks the window's requests hold after each step, less before
+    produced = 0
+    for i, (r, b0, m0, cum, g) in enumerate(zip(order, held0, ms0, cums, seqs)):
+        got = cum[steps - 1]
+        produced += got
+        lefts[i] -= got
+        r.cached = m0 + got
+        r.generated += got
+        r.token_times.extend(chain.from_iterable(map(repeat, ends, g[:steps])))
+        # step 0 from the blocks it holds (a reservation may have left more)
+        m1 = m0 + cum[0]
+        held = max(b0, -(-(m0 + k1) // bs))
+        kept = -(-m1 // bs)
+        if held > kept:
+            events.append((0, i, held, m1))
+        delta[0] += kept - b0
+        # then each block boundary B: steps starting within k1 tokens of it reserve the block past it, and give it
+        # back at their end while the tokens kept stay at or below B; the step that crosses B keeps it
+        B = kept * bs
+        while True:
+            first = bisect_right(cum, B - k1 - m0) + 1          # the first step s >= 1 with m_s + k1 > B
+            if first >= steps:
+                break
+            cross = bisect_right(cum, B - m0)                   # the first step whose end holds more than B
+            blocks = B // bs + 1
+            for s in range(first, min(cross, steps)):
+                events.append((s, i, blocks, m0 + cum[s]))
+            if cross >= steps:
+                break
+            delta[cross] += 1
+            B += bs
+        r.blocks = -(-(m0 + got) // bs)
+    freed = 0
+    if events:
+        events.sort()
+        trim = mem.trim
+        final = [r.blocks for r in order]
+        for s, i, held, tok in events:
+            r = order[i]
+            r.blocks = held
+            mem.clock = ends[s]
+            freed += trim(r, tok)
+        for r, b in zip(order, final):
+            r.blocks = b
+    held_after = list(accumulate(delta))
+    mem.free_blocks = free0 - held_after[-1]
+    mem.clock = t
+    view.now = ends[-2] if steps > 1 else start0
+    view.iteration += steps
+    kv0 = view.kv_cached_tokens
+    view.kv_cached_tokens = kv0 + produced
+    sim.tokens_generated += produced
+    spec.steps += n * steps
+    spec.proposed += n * k * steps
+    spec.accepted += produced - n * steps
+    spec.tokens += produced
+    spec.full_steps += n * steps
+    spec.full_tokens += produced
+    spec.freed_blocks += freed
+    used0 = mem.total_blocks - free0
+    used = [(used0 + h) * bs for h in held_after]
+    running_n, queue_n = len(view.running), len(view.waiting) + len(view.swapped)
+    if sim.record_iterations:
+        kv = accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens)
+        next(kv)
+        sim.iter_rows.extend([(a, d, n, 0, n, running_n, queue_n, u, x, 0, 0, 0)
+                              for a, d, u, x in zip([start0] + ends[:-1], dts, used, kv)])
+    else:
+        tally = sim.tally
+        tally.add(n, running_n, 0, steps)
+        tally.kv_alloc_tokens += sum(used)
+        top_used = max(used)
+        if top_used > tally.kv_alloc_max:
+            tally.kv_alloc_max = top_used
+    sim.spec_walked_iterations += steps
+    sim.spec_window_iterations += steps
+    return steps, t
+
+
 def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict):
     """Take uniform steady verify steps of `order` from `now` (the last scheduled step's requests, the whole running
     set; with requests queued the caller has checked that n (k + 1) is the last scheduled step's token count).
@@ -97,9 +281,17 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     target, dpass, passes = fns
     if len(passes) >= PASS_CACHE:
         passes.clear()
-    known = passes.get
     clock = sim.arrival_clock
     arrival = clock.time
+    taken = 0
+    if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
+        while True:
+            steps, now = _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival)
+            if not steps:
+                break
+            taken += steps
+    walked = taken
+    known = passes.get
     cluster = clock.cluster
     bs = mem.block_size
     trim = mem.trim
@@ -208,7 +400,7 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
                 used_max = used
         taken += 1
     if not taken:
-        return 0, now
+        return walked, now
     if fresh:
         spec._draws = draws
     for r, m, a, c in zip(order, ms, m0, caps):
@@ -236,4 +428,4 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
         if used_max > tally.kv_alloc_max:
             tally.kv_alloc_max = used_max
     sim.spec_walked_iterations += taken
-    return taken, now
+    return walked + taken, now
