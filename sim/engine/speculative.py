@@ -140,7 +140,6 @@ class Speculation:
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
         self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
-        self.walk_gains = None                 # (draws list, its full verify passes' tokens): specwalk._gains
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -177,6 +176,11 @@ class Speculation:
         """The next block of geometric draws at the rate, last first (taken with pop())."""
         self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
         return self._draws
+
+    def more_draws(self) -> None:
+        """Put the generator's next block behind the draws left, in place (the order pop() takes them is the one
+        refill() would give); sim/engine/specwalk.py reads a window's draws ahead this way."""
+        self._draws[:0] = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
 
     def walk_draws(self, reqs):
         """How uniform steps of `reqs` draw (sim/engine/specwalk.py): 'rate' (fresh draws from the generator), or

@@ -19,13 +19,16 @@ specstretch's loop then takes that step."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from functools import reduce
 from itertools import accumulate, chain, repeat
+from operator import add
 
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
 from sim.engine.speculative import PASS_CACHE
 
+MORE, DONE, STEP = "more", "done", "step"      # after a window: another, none (uniform steps ended), the loop
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
 INF = math.inf
@@ -74,6 +77,27 @@ def draft_pass(cm, n: int):
     return price
 
 
+def draft_price(dpass, n: int, k: int, scale: float, passes: dict):
+    """pk -> the drafter's seconds in a uniform step with Σ context pk: its k one-token passes read pk + n,
+    pk + 2n, ... tokens, summed in that order and scaled, as Speculation._sums_time adds them. A pass is looked up
+    in `passes` by its KV read once priced (a pure function of it: the same float); a step's passes mostly
+    repeat the last step's, which started a few tokens per request earlier."""
+    known = passes.get
+
+    def price(pk):
+        kv = pk + n
+        d = known(kv)
+        if d is None:
+            d = passes[kv] = dpass(kv)
+        for i in range(1, k):
+            x = known(kv + i * n)
+            if x is None:
+                x = passes[kv + i * n] = dpass(kv + i * n)
+            d += x
+        return d * scale
+    return price
+
+
 def applies(sim) -> bool:
     """Uniform steps are walked here when the draws are the plain ones a step reads (checked per stretch) and the
     KV manager's used tokens are the free-block count's (fixed for the run)."""
@@ -82,17 +106,7 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
-def _gains(spec, draws) -> list:
-    """min(draw, k) + 1 for every draw of the list, index for index: a full verify pass's tokens per draw. Made
-    once per list (a list only loses draws off its end, so an index keeps its draw)."""
-    got = spec.walk_gains
-    if got is None or got[0] is not draws:
-        k = spec.k
-        got = spec.walk_gains = (draws, [j + 1 if j < k else k + 1 for j in draws])
-    return got[1]
-
-
-def _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival):
+def _window(sim, now, order, mode, lefts, target, draft, arrival):
     """Up to WINDOW uniform steps worked out request by request: step s, request i reads draw s n + i, so a
     request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
     KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
@@ -102,71 +116,67 @@ def _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival)
     view, mem, spec = sim.view, sim.memory, sim.speculation
     n, k = len(order), spec.k
     k1 = k + 1
-    bs = mem.block_size
-    ms0 = [r.cached for r in order]
-    pk = sum(ms0)
-    dt0 = target(pk)
     w = min(WINDOW, min(lefts) - k1)                # step s needs k + 2 tokens left; each step gains one at least
-    if arrival < INF:                               # every step takes dt0 at least (Σ context only grows)
-        w = min(w, int((arrival - now) / dt0) + 1)
     stop = sim.max_iterations
     if stop:
         w = min(w, stop - view.iteration)
     if w < MIN_WINDOW:
-        return 0, now
+        return 0, now, STEP
+    ms0 = [r.cached for r in order]
+    pk = sum(ms0)
+    if arrival < INF:                               # every step takes target(pk) at least (Σ context only grows)
+        w = min(w, int((arrival - now) / target(pk)) + 1)
+        if w < MIN_WINDOW:
+            return 0, now, STEP
+    cap = w
     fresh = mode == "rate"
     if fresh:
         draws = spec._draws
-        if len(draws) < w * n:                      # the block's last draws: the step-by-step loop refills
-            return 0, now
-        gm = _gains(spec, draws)
-        top = len(draws) - 1
-        seqs = [gm[top - i:(top - i - w * n if top - i - w * n >= 0 else None):-n] for i in range(n)]
+        while len(draws) < w * n:                   # the generator's next block, behind the draws left
+            spec.more_draws()
+        # the window's draws, last first as the list holds them (draw q = s n + i at offset w n - 1 - q), as
+        # a full verify pass's tokens, min(draw, k) + 1; request i's are every n-th from offset w n - 1 - i down
+        wn = w * n
+        gm = [j + 1 if j < k else k1 for j in draws[len(draws) - wn:]]
+        seqs = [gm[wn - 1 - i::-n] for i in range(n)]
     else:
         seqs = [[mode + 1] * w] * n
     cums = [list(accumulate(g)) for g in seqs]
     for left, cum in zip(lefts, cums):              # uniform while the tokens before a step <= left - k - 2
         w = min(w, bisect_right(cum, left - k - 2) + 1)
     totals = list(map(sum, zip(*seqs)))
-    # the steps' prices and ends (as the step-by-step loop prices them), stopping before one ending at or past
-    # the next arrival event (or, in a cluster, past what the router has decided)
+    # the steps' prices and ends (as the step-by-step loop prices them: the target's step plus the drafter's
+    # passes; the clock's sequential float adds), none ending at or past the next arrival event (or, in a
+    # cluster, past what the router has decided)
+    pks = list(accumulate(totals[:w - 1], initial=pk))
+    dts = list(map(target, pks))
+    if draft is not None:
+        ds = list(map(draft, pks))
+        dts = list(map(add, dts, ds))               # target + drafter, the loop's float add
+    else:
+        dts = [x + 0.0 for x in dts]
+    ends = list(accumulate(dts, initial=now))
+    del ends[0]
+    steps = bisect_left(ends, arrival)
     clock = sim.arrival_clock
-    cluster = clock.cluster
-    known = passes.get
-    ends, dts = [], []
-    drafted = spec.draft_time_s
-    start0 = t = now
-    dt = dt0
-    for s in range(w):
-        if s:
-            dt = target(pk)
-        if dpass is not None:
-            kv = pk + n
-            d = known(kv)
-            if d is None:
-                d = passes[kv] = dpass(kv)
-            for i in range(1, k):
-                x = known(kv + i * n)
-                if x is None:
-                    x = passes[kv + i * n] = dpass(kv + i * n)
-                d += x
-            d *= scale
-            dt = dt + d
-        else:
-            dt = dt + 0.0
-        end = t + dt
-        if end >= arrival or (cluster and not clock.synced(end)):
-            break
-        if dpass is not None:
-            drafted += d
-        ends.append(end)
-        dts.append(dt)
-        t = end
-        pk += totals[s]
-    steps = len(ends)
+    if clock.cluster:                               # synced is monotone in the end time: the longest prefix
+        lo, hi = 0, steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if clock.synced(ends[mid - 1]):
+                lo = mid
+            else:
+                hi = mid - 1
+        steps = lo
     if not steps:
-        return 0, now
+        return 0, now, DONE
+    t = ends[steps - 1]
+    start0 = now
+    if steps < w:
+        del ends[steps:], dts[steps:]
+
     # KV: a request's reservation only grows over the window; if the largest fit, every step's does
+    bs = mem.block_size
     held0 = [r.blocks for r in order]
     grow = 0
     for b0, m0, cum in zip(held0, ms0, cums):
@@ -175,11 +185,12 @@ def _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival)
             grow += res - b0
     free0 = mem.free_blocks
     if grow > free0:
-        return 0, now
+        return 0, now, STEP
     # commit: the draws taken; per request its tokens, token times and KV events
     if fresh:
         del draws[len(draws) - steps * n:]
-    spec.draft_time_s = drafted
+    if draft is not None:                           # added step by step, as the loop's float sum
+        spec.draft_time_s = reduce(add, ds[:steps], spec.draft_time_s)
     events = []                                     # (step, request, blocks held, tokens kept): a trim
     delta = [0] * steps                             # blocks the window's requests hold after each step, less before
     produced = 0
@@ -257,7 +268,8 @@ def _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival)
             tally.kv_alloc_max = top_used
     sim.spec_walked_iterations += steps
     sim.spec_window_iterations += steps
-    return steps, t
+    # more uniform steps may follow only when the window's own length stopped it
+    return steps, t, MORE if steps == cap == WINDOW and w == cap else DONE
 
 
 def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict):
@@ -277,8 +289,10 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
         return 0, now
     fns = prices.get(n)
     if fns is None:
-        fns = prices[n] = (target_price(sim.costmodel, n, k1), draft_pass(dcm, n) if dcm is not None else None, {})
-    target, dpass, passes = fns
+        passes: dict = {}
+        fns = prices[n] = (target_price(sim.costmodel, n, k1), passes,
+                           draft_price(draft_pass(dcm, n), n, k, scale, passes) if dcm is not None else None)
+    target, passes, draft = fns
     if len(passes) >= PASS_CACHE:
         passes.clear()
     clock = sim.arrival_clock
@@ -286,12 +300,13 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     taken = 0
     if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
         while True:
-            steps, now = _window(sim, now, order, mode, lefts, target, dpass, passes, scale, arrival)
-            if not steps:
-                break
+            steps, now, then = _window(sim, now, order, mode, lefts, target, draft, arrival)
             taken += steps
+            if then is not MORE:
+                break
+        if then is DONE:
+            return taken, now
     walked = taken
-    known = passes.get
     cluster = clock.cluster
     bs = mem.block_size
     trim = mem.trim
@@ -324,26 +339,15 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     low = min(lefts)
     while low > k1 and need <= free and taken != stop:
         dt = target(pk)
-        if dpass is not None:
-            # the drafter's passes read kv, kv + n, ...; the next step's start G tokens later, so most were
-            # priced already (a pure function of kv: the same float whether looked up or computed)
-            kv = pk + n
-            d = known(kv)
-            if d is None:
-                d = passes[kv] = dpass(kv)
-            for i in range(1, k):
-                x = known(kv + i * n)
-                if x is None:
-                    x = passes[kv + i * n] = dpass(kv + i * n)
-                d += x
-            d *= scale
+        if draft is not None:
+            d = draft(pk)
             dt = dt + d
         else:
             dt = dt + 0.0
         end = now + dt
         if end >= arrival or (cluster and not clock.synced(end)):
             break
-        if dpass is not None:
+        if draft is not None:
             draft_total += d
         # the step: its reservations, then the commit (draws in the running order)
         if need:
