@@ -240,17 +240,6 @@ class CostModel:
             t += max(0.0, self.swap_time(shape.swap_hidden_tokens * shape.kv_bits / 16.0) - t)
         return t
 
-    def times_from_sums(self, n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read):
-        """time_from_sums over arrays of batches' sums (scalars broadcast): element i is the float the call on the
-        i-th sums returns (the speculative walk prices many steps at once). This default makes the calls; models
-        with a closed form override it. Only for models whose accepts_decode_sums() is True."""
-        import numpy as np
-        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (
-            n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read)))
-        f = self.time_from_sums
-        return np.array([f(*row) for row in zip(*(c.ravel().tolist() for c in cols))], dtype=float).reshape(
-            cols[0].shape)
-
     def decode_stretch_times(self, cached, k: int, last_step=None):
         """Batch times of k decode-only iterations of the same requests (fast-forward).
 

@@ -384,44 +384,6 @@ class RooflineCostModel(CostModel):
         t = self._layer[n_tokens] + self.layers * attn + self._emb[n_tokens] + self._step[seqs]
         return t + self.params_in_use["step_overhead_s"] + self.cpu_time(seqs)
 
-    def times_from_sums(self, n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read):
-        """time_from_sums element by element over arrays: the same float operations in the same order (decode rows
-        of the smooth, context-free occupancy; others, or a subclass's own time_from_sums, call it per element)."""
-        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (
-            n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read)))
-        T, P, C2, CK, PK, D, KV = cols
-        c = self._dec
-        cls = type(self)
-        if (cls.time_from_sums is not RooflineCostModel.time_from_sums or cls.cpu_time is not CostModel.cpu_time
-                or cls.cpu_times is not CostModel.cpu_times or T.size == 0
-                or ((c[5] or self._small) and D.any())
-                or (self._dec_mixed is not None and ((P > 0) & (D > 0)).any())):
-            return super().times_from_sums(n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read)
-        top = int(T.max())
-        if top > self._n_max:
-            self._grow(max(top, 2 * self._n_max))
-        layer, emb, step, occ = self._tables()
-        kv = KV.astype(float)
-        dec = np.maximum(kv * c[0] * occ[D] + c[2] * D + c[3], kv * self._kv_read_s)
-        attn = np.where(D > 0, dec, 0.0)
-        a = self._pre
-        pre = a[0] * CK + a[1] * C2 + a[2] * (T - D) + a[3] * PK + a[4] * P
-        attn = np.where(P > 0, attn + pre, attn)
-        seqs = P + D
-        t = layer[T] + self.layers * attn + emb[T] + step[seqs]
-        t = t + self.params_in_use["step_overhead_s"] + self.cpu_times(seqs)
-        return np.where(T > 0, t, 0.0)
-
-    def _tables(self):
-        """The per-count tables as arrays (made again when _grow replaces the lists)."""
-        got = getattr(self, "_arrays", None)
-        if got is None or got[0] is not self._layer or got[1] is not self._emb or got[2] is not self._step \
-                or got[3] is not self._occ:
-            got = self._arrays = (self._layer, self._emb, self._step, self._occ,
-                                  tuple(np.asarray(x, dtype=float) for x in (self._layer, self._emb, self._step,
-                                                                               self._occ)))
-        return got[4]
-
     def decode_stretch_times(self, cached, k: int, last_step=None):
         """k decode-only iterations in closed form, the same float operations as time_from_sums element by element."""
         if not self.accepts_decode_sums():

@@ -120,6 +120,76 @@ def test_known_acceptance_sequence_gives_exact_times_and_kv(fast):
         (3, 9, 5, 1 + 3)
 
 
+@BOTH
+def test_uniform_steps_in_a_window_give_the_hand_worked_times_and_kv(fast):
+    """Block size 16: the uniform steps (8 tokens left or more: every pass verifies all 3 drafts) are worked out a
+    window at a time (sim/engine/specwalk.py); the times, KV and counters are the step-by-step ones."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=1.0)
+    sim, res = _run([(8, 41)], cfg, block_size=16, **_loop(fast))
+    # prefill 8 tokens: 3 s (token 1); then 10 verify passes of 1 + 3 tokens, 2 s each, 4 tokens each
+    assert _times(sim) == [3.0] + [t for i in range(1, 11) for t in [3.0 + 2.0 * i] * 4]
+    if fast:
+        assert sim.fast_forward_iterations == 10             # every verify pass skips the scheduler
+        assert sim.spec_window_iterations == sim.spec_walked_iterations == 9   # 40..8 tokens left; 4: the loop
+    s = res.summary
+    assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"]) == (10, 30, 30)
+    assert s["spec_freed_blocks"] == 0                       # every draft kept: nothing reserved goes back
+
+
+def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
+    """Acceptance 0: each pass reserves 4 slots and keeps 1, so near every block boundary the block past it is
+    reserved and given back step after step until the kept tokens cross it; the window finds those steps by
+    bisection. KV per step (after each commit), each trim (its clock, request, tokens kept, blocks held: a prefix
+    cache stamps the freed blocks with the clock) and the freed-block count equal the plain loop's."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=0.0)
+    seen = []
+    for fast in (False, True):
+        cm = (SumsTokenCost if fast else TokenCost)(**COST)
+        req = make_requests([(8, 60), (30, 45)])
+        mem = KVCacheManager(200, 16)
+        trims, inner = [], mem.trim
+
+        def trim(r, tokens, mem=mem, trims=trims, inner=inner):
+            trims.append((mem.clock, r.id, tokens, r.blocks))
+            return inner(r, tokens)
+        mem.trim = trim
+        sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
+                         speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+        res = sim.run()
+        seen.append((res.iterations[["start_s", "kv_alloc_tokens"]].values.tolist(), res.summary["spec_freed_blocks"],
+                     [r.token_times for r in sim.all_requests], [t for t in trims if t[3] > -(-t[2] // 16)]))
+        if fast:
+            assert sim.spec_window_iterations > 20
+    assert seen[0] == seen[1]
+    assert seen[1][1] > 0
+
+
+def test_more_draws_keeps_the_generators_stream():
+    """Draws read ahead by a window (a block put behind those left) come in the order refill() gives them."""
+    cm = TokenCost(**COST)
+    a = Speculation(SpeculativeConfig(method="ngram", k=3, acceptance_rate=0.6), cm, seed=5)
+    b = Speculation(SpeculativeConfig(method="ngram", k=3, acceptance_rate=0.6), cm, seed=5)
+    first = [a.draw(0, 100) for _ in range(4000)]
+    assert [b.draw(0, 100) for _ in range(4000)] == first
+    b.more_draws()                                     # 96 left + a block behind them
+    b.more_draws()
+    assert [a.draw(0, 100) for _ in range(9000)] == [b.draw(0, 100) for _ in range(9000)]
+
+
+def test_steady_order_is_the_running_order_only_when_the_next_schedule_is_known():
+    from policies.unified import UnifiedScheduler
+    reqs = make_requests([(8, 20), (8, 3), (8, 9)])
+    view = type("V", (), {})()
+    view.running, view.waiting, view.swapped, view.cohort = list(reqs), [], [], None
+    pol = build_policy({"name": "vllm-v1"})
+    assert isinstance(pol, UnifiedScheduler) and pol.steady_order(view, 3) == reqs
+    view.waiting = [make_requests([(5, 5)])[0]]
+    assert pol.steady_order(view, 3) is None                # a queued request may be admitted
+    view.waiting = []
+    pol.C = 4 + 3 + 4 - 1                                   # the verify passes no longer fit the budget
+    assert pol.steady_order(view, 3) is None
+
+
 def test_head_draft_cost_is_its_fraction_of_the_target_passes():
     cfg = dict(method="eagle", k=2, acceptance_rate=1.0, draft_fraction=0.1)
     sim, res = _run([(8, 7)], cfg)
