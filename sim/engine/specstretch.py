@@ -8,11 +8,14 @@ not). Such a step is taken here without schedule(), the BatchShape or the policy
 reservations, acceptance draws (from the one generator, in that order), KV trims, step time (the cost model's
 time_from_sums, which accepts_decode_sums promises equals batch_time of the shape) and commit are the plain
 loop's own, in its order, so the tables are bit-identical. A run of such steps stops before a step whose blocks
-do not fit (the plain loop preempts), after a step in which a request completes or an arrival is delivered, at
-max_iterations and, with requests queued, before a step whose token count differs from the last scheduled one
-(a smaller budget use could let a queued prefill in; with nothing queued the count only shrinks, within budget).
-Acceptance draws cannot be known before the step, so there is no closed form over many steps; what is saved is
-the scheduler's and the shape's work per step."""
+do not fit (the plain loop preempts), after a step in which an arrival is delivered, at max_iterations and, with
+requests queued, before a step whose token count differs from the last scheduled one (a smaller budget use could
+let a queued prefill in; with nothing queued the count only shrinks, within budget) or after a completion; with
+nothing queued on a lone replica a completion only shortens the order (the policy vouches again). A stretch also
+starts right after the step that admitted the last prefill when the policy knows the next order without
+scheduling (Policy.steady_order). Acceptance draws cannot be known before the step, so there is no closed form;
+the uniform steps (every request verifies all k drafts) are worked out a window at a time (specwalk.py), the
+rest here one at a time."""
 from __future__ import annotations
 
 from sim.engine import specwalk

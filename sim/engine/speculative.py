@@ -27,7 +27,8 @@ memory.M given in the scenario is taken as the target's tokens as it stands.
 
 Fast paths: the decode cohort and the closed-form stretches stay off (a step's tokens depend on its draws, so
 no step after the next is known in advance); steady verify steps skip the scheduler instead, bit-identical to
-the plain loop (sim/engine/specstretch.py)."""
+the plain loop (sim/engine/specstretch.py), and uniform ones are worked out a window at a time from the draws
+ahead (sim/engine/specwalk.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,21 +1,23 @@
-"""Uniform steady verify steps in one tight loop: every request verifies all k drafts, so a step's price is a function
-of one integer.
+"""Uniform steady verify steps, a window of them at a time: every request verifies all k drafts, so a step's price is
+a function of one integer and a request's tokens over many steps a running sum of its draws.
 
-sim/engine/specstretch.py takes steady verify steps one at a time with the general step's work: per request the
-chunk size, the batch's five sums, a cost-model call for the target and k (cached) calls for the drafter. Most steady
-steps are simpler: while every running request has more than k + 1 tokens left, each is scheduled with exactly
-1 + k tokens and none can finish, so the batch's sums are fixed but for Σ context (pk): n verify chunks of k + 1
-tokens, Σc² = n (k + 1)², Σc·m = (k + 1) pk; the drafter's one-token passes read pk + n, pk + 2n, ... tokens. Such
-steps are taken here with the step's price from pk alone (the cost model's own float operations, in its order, for
-a roofline model; a call per step otherwise), the KV each request must reserve for the next step worked out in the
-commit of this one, and the state in locals.
+sim/engine/specstretch.py takes steady verify steps one at a time with the general step's work. Most steady steps
+are simpler: while every running request has more than k + 1 tokens left, each is scheduled with exactly 1 + k
+tokens and none can finish, so the batch's sums are fixed but for Σ context (pk): n verify chunks of k + 1 tokens,
+Σc² = n (k + 1)², Σc·m = (k + 1) pk; the drafter's one-token passes read pk + n, pk + 2n, ... tokens. Such steps
+are priced from pk alone (the cost model's own float operations, in its order, for a roofline model; a call per
+step otherwise) and worked out a window at a time (_window): step s, request i takes draw s n + i of the one
+generator's stream (the plain loop's order), so a request's gains over the window are a strided slice of the
+draws and its KV tokens their running sum; its KV blocks change only where that sum nears a block boundary (found
+by bisection: the block past it is reserved and, while the tokens kept stay below it, trimmed back at the step's
+end, at that step's clock, as the prefix cache stamps its frees); the clock is the steps' times added in order.
+Where a window does not apply (a short one, KV the window could need beyond the free blocks, block sizes under
+k + 1) the same steps go through a tight step-by-step loop (uniform_steps).
 
-Everything else is the plain loop's, in its order: the acceptance draws (one per request per step, in the running
-order, from the one generator), reservations checked whole before the step, trims of rejected drafts at the step's
-end (the prefix cache stamps its frees with the clock), token times, counters, rows or tally. The loop stops before
-a step that is not uniform (a request with k + 1 tokens or fewer left), whose blocks do not fit, that would end at
-or after the next arrival event (or, in a cluster, past what the router has decided) or pass max_iterations;
-specstretch's loop then takes that step."""
+Everything else is the plain loop's: reservations checked before each step, token times, counters, rows or
+tally. Uniform steps stop before a step that is not uniform (a request with k + 1 tokens or fewer left), whose
+blocks do not fit, that would end at or after the next arrival event (or, in a cluster, past what the router has
+decided) or pass max_iterations; specstretch's loop then takes that step."""
 from __future__ import annotations
 
 import math
@@ -32,7 +34,6 @@ MORE, DONE, STEP = "more", "done", "step"      # after a window: another, none (
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
 INF = math.inf
-
 
 
 def target_price(cm, n: int, k1: int):
