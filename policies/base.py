@@ -121,14 +121,6 @@ class Policy:
         committed was exactly such a step with the same queues. The safe default is False."""
         return False
 
-    def steady_order(self, view, spec_tokens: int):
-        """With speculative decoding: the running set in the order the next schedule() would take it, each request
-        with its full verify pass (1 + min(spec_tokens, left - 1) tokens) within the token budget, when that is
-        known without scheduling (steady_decode holds, nothing is queued and every running request decodes); None
-        otherwise. The engine then starts its steady verify steps right after a step that admitted the last
-        prefill. The safe default is None."""
-        return None
-
     def decode_cohort(self, view) -> bool:
         """May the engine keep steady running decodes as one cohort (sim/engine/cohort.py, view.cohort)? True promises
         that schedule() reads members only for their phase, and each step either takes the whole cohort (every

@@ -175,14 +175,6 @@ class UnifiedScheduler(Policy):
                 return False
         return True
 
-    def steady_order(self, view, spec_tokens):
-        """Running first, decode first or prefill first with nothing queued: the running group in running order
-        (ranked order sorts it, so it is not known here); each decode's verify pass is clipped only by the budget."""
-        if self.config.order == "ranked" or view.waiting or view.swapped or view.cohort is not None:
-            return None
-        tokens = sum(1 + min(spec_tokens, r.output_tokens - r.generated - 1) for r in view.running)
-        return list(view.running) if tokens <= self.C else None
-
     def decode_cohort(self, view):
         """The running group is where decodes get their token: at the head of the batch (decode-first), after
         the admissions (prefill-first, whose waiting group then must not evict running requests), or ahead of
@@ -377,8 +369,8 @@ class UnifiedScheduler(Policy):
         # Hot path: a running request whose share (one decode token, or a prefill chunk) fits the budget and
         # its next blocks is what most candidates are; it is taken inline (the state changes _consider makes)
         # and anything else (admission, swap-in, eviction, unchunked prefill) goes through _consider.
-        inline = getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
-        spec = getattr(view, "spec_tokens", 0)     # speculative decoding: a decode takes its drafts too
+        inline = (getattr(view, "plain_reserve", False) and type(self)._consider is UnifiedScheduler._consider
+                  and not getattr(view, "spec_tokens", 0))
         mem, C, hybrid, chunked = view.memory, self.C, cfg.hybrid, cfg.chunked
         group_stops = inline and hybrid and chunked and not cfg.skip_blocked
         for group in self._groups(view, batch, st):
@@ -389,8 +381,6 @@ class UnifiedScheduler(Policy):
                     m, phase = cand.cached, st["phase"]
                     if m >= cand.input_tokens:
                         c = 1 if batch.num_tokens < C and (hybrid or phase is not True) else 0
-                        if c and spec:             # as _consider: the last token and its drafts, within the budget
-                            c = min(1 + min(spec, cand.output_tokens - cand.generated - 1), C - batch.num_tokens)
                     elif chunked and (hybrid or phase is not False):
                         used = batch.num_tokens
                         c = min(cand.input_tokens - m, C - used, self.chunk_cap,

@@ -176,18 +176,19 @@ def test_more_draws_keeps_the_generators_stream():
     assert [a.draw(0, 100) for _ in range(9000)] == [b.draw(0, 100) for _ in range(9000)]
 
 
-def test_steady_order_is_the_running_order_only_when_the_next_schedule_is_known():
-    from policies.unified import UnifiedScheduler
+def test_next_order_is_the_running_order_only_when_the_next_schedule_is_known():
+    from sim.engine.specstretch import next_order
     reqs = make_requests([(8, 20), (8, 3), (8, 9)])
     view = type("V", (), {})()
     view.running, view.waiting, view.swapped, view.cohort = list(reqs), [], [], None
     pol = build_policy({"name": "vllm-v1"})
-    assert isinstance(pol, UnifiedScheduler) and pol.steady_order(view, 3) == reqs
+    assert next_order(pol, view, 3) == reqs
     view.waiting = [make_requests([(5, 5)])[0]]
-    assert pol.steady_order(view, 3) is None                # a queued request may be admitted
+    assert next_order(pol, view, 3) is None                # a queued request may be admitted
     view.waiting = []
     pol.C = 4 + 3 + 4 - 1                                   # the verify passes no longer fit the budget
-    assert pol.steady_order(view, 3) is None
+    assert next_order(pol, view, 3) is None
+    assert next_order(build_policy({"name": "vllm-v0"}), view, 3) is None    # vLLM v0: not known here
 
 
 def test_head_draft_cost_is_its_fraction_of_the_target_passes():

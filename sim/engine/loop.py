@@ -120,8 +120,8 @@ class Simulation:
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
         self.spec_walk = specwalk.applies(self)        # ... a window of them at a time (sim/engine/specwalk.py)
         self.spec_walked_iterations = 0                # ... of them, uniform steps (diagnostics)
-        self.spec_done: list = []       # steady verify steps' completions whose TBT statistics wait (finalize_many)
         self.spec_window_iterations = 0                # ... of those, worked out a window at a time
+        self.spec_done: list = []       # steady verify steps' completions whose TBT statistics wait (finalize_many)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
@@ -308,10 +308,10 @@ class Simulation:
                 elif (n_prefill and not (view.waiting or view.swapped) and not batch.hold_output
                       and all(r.cached >= r.input_tokens for r in view.running)
                       and policy.steady_decode(view, False)):
-                    # the step admitted the last prefill: the next one is all verify passes, in an order the
-                    # policy may know without scheduling (nothing queued, so the token count only matters
-                    # within the budget, which steady_order checks)
-                    order = policy.steady_order(view, self.speculation.k)
+                    # the step admitted the last prefill: the next one is all verify passes, in an order known
+                    # without scheduling for some policies (nothing queued, so the token count only matters
+                    # within the budget, which next_order checks)
+                    order = specstretch.next_order(policy, view, self.speculation.k)
                     full_tokens = -1
             if order:
                 before = view.iteration             # steps like the next scheduled one, without the scheduler

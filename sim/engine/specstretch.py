@@ -13,7 +13,7 @@ requests queued, before a step whose token count differs from the last scheduled
 let a queued prefill in; with nothing queued the count only shrinks, within budget) or after a completion; with
 nothing queued on a lone replica a completion only shortens the order (the policy vouches again). A stretch also
 starts right after the step that admitted the last prefill when the policy knows the next order without
-scheduling (Policy.steady_order). Acceptance draws cannot be known before the step, so there is no closed form;
+scheduling (next_order). Acceptance draws cannot be known before the step, so there is no closed form;
 the uniform steps (every request verifies all k drafts) are worked out a window at a time (specwalk.py), the
 rest here one at a time."""
 from __future__ import annotations
@@ -29,6 +29,21 @@ def applies(sim) -> bool:
     return (spec is not None and sim.exact_fast_paths and sim.lora is None
             and sim.costmodel.accepts_decode_sums() and spec.sums and sim.view.plain_reserve
             and getattr(mem, "kv_bits", 16) == 16)
+
+
+def next_order(policy, view, k: int):
+    """After a step that admitted the last prefill: the running set in the order the next schedule() takes it, each
+    request with its full verify pass (1 + min(k, left - 1) tokens), when that is known without scheduling; else
+    None. Known for vLLM v1's unified scheduler itself (not a subclass) in running-first, decode-first or
+    prefill-first order with nothing queued: its running group is view.running in order, and a decode's verify
+    pass is clipped only by the token budget C, checked here. (The rule lives here rather than as a policy method
+    so that the policies' code, which the reproduction report's row stamps hash, is unchanged.)"""
+    from policies.unified import UnifiedScheduler
+    if type(policy) is not UnifiedScheduler or policy.config.order == "ranked" or view.waiting or view.swapped \
+            or view.cohort is not None:
+        return None
+    tokens = sum(1 + min(k, r.output_tokens - r.generated - 1) for r in view.running)
+    return list(view.running) if tokens <= policy.C else None
 
 
 def full_verify_step(batch, k: int) -> bool:
