@@ -84,6 +84,32 @@ def test_speculative_fast_paths_match_plain_loop(policy, seed, rate, M, method, 
     assert out[1][1].summary["spec_draft_time_s"] == out[0][1].summary["spec_draft_time_s"]
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "sarathi"]), seed=st.integers(0, 10_000),
+       rate=st.sampled_from([1.0, 4.0, 30.0]), M=st.sampled_from([5000, 200_000]),
+       method=st.sampled_from(["eagle", "ngram", "draft_model"]), k=st.integers(1, 6),
+       a=st.sampled_from([0.0, 0.5, 0.8, 1.0]), record=st.booleans())
+def test_speculative_windows_match_plain_loop(policy, seed, rate, M, method, k, a, record):
+    """Long outputs, so most steady verify steps are uniform and worked out a window at a time
+    (sim/engine/specwalk.py): arrivals cut windows, completions end them, trims at block boundaries, KV pressure
+    sends them back to the step-by-step loop; the plain loop's tables, and windows were taken."""
+    spec = {"method": method, "k": k, "acceptance_rate": a}
+    if method == "draft_model":
+        spec["draft_model"] = "tiny-llama"
+    w = {"kind": "poisson", "num_requests": 30, "rate": rate,
+         "prompt": {"dist": "uniform", "low": 20, "high": 600}, "output": {"dist": "uniform", "low": 60, "high": 400}}
+    raw = _raw(policy, M, w, seed, speculative=spec)
+    out = []
+    for fast in (False, True):
+        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True,
+                                                                  "record_iterations": record}}))
+        out.append((sim, sim.run()))
+    _assert_equal_runs(out[0], out[1])
+    assert out[1][1].summary["spec_draft_time_s"] == out[0][1].summary["spec_draft_time_s"]
+    if M > 100_000:
+        assert out[1][0].spec_window_iterations > 0
+
+
 @pytest.mark.parametrize("example,overrides,share", [
     ("multi-lora.yaml", ["workload.num_requests=150"], 0.5),
     ("multi-lora.yaml", ["workload.num_requests=150", "lora.max_loras=16", "lora.max_cpu_loras=32"], 0.5),

@@ -60,7 +60,10 @@ def _loop(fast):
 @BOTH
 def test_acceptance_one_gives_k_plus_one_tokens_per_step(fast):
     sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=1.0), **_loop(fast))
-    assert sim.fast_forward_iterations == (1 if fast else 0)    # the second verify pass
+    # both verify passes skip the scheduler (the first starts right after the prefill step admitted the prompt);
+    # the first, with 8 tokens left, is a uniform step (every request verifies all k drafts: sim/engine/specwalk.py)
+    assert sim.fast_forward_iterations == (2 if fast else 0)
+    assert sim.spec_walked_iterations == (1 if fast else 0)
     # prefill 8 tokens: 1 + 2 = 3 s (token 1); two verify passes of 1 + 3 tokens: 2 s each, 4 tokens each
     assert _times(sim) == [3.0] + [5.0] * 4 + [7.0] * 4
     row = res.requests.iloc[0]
@@ -74,7 +77,8 @@ def test_acceptance_one_gives_k_plus_one_tokens_per_step(fast):
 @BOTH
 def test_acceptance_zero_gives_one_token_per_step_at_a_higher_cost(fast):
     sim, res = _run([(8, 9)], dict(method="ngram", k=3, acceptance_rate=0.0), **_loop(fast))
-    assert sim.fast_forward_iterations == (7 if fast else 0)    # 8 decode steps, the first one scheduled
+    assert sim.fast_forward_iterations == (8 if fast else 0)    # 8 decode steps, none scheduled
+    assert sim.spec_walked_iterations == (4 if fast else 0)     # remaining 8..5: 1 + 3 tokens, uniform
     # remaining 8..4: 1 + 3 drafts (2 s); remaining 3: 1 + 2 (1.75 s); 2: 1 + 1 (1.5 s); 1: a plain decode (1.5 s)
     expected = [3.0]
     for dt in (2.0, 2.0, 2.0, 2.0, 2.0, 1.75, 1.5, 1.5):
@@ -105,7 +109,8 @@ def test_known_acceptance_sequence_gives_exact_times_and_kv(fast):
     sim.iter_rows = Rows()
     res = sim.run()
     if fast:
-        assert sim.fast_forward_iterations == 2    # steps 3 and 4 (step 2 is the first verify pass, scheduled)
+        assert sim.fast_forward_iterations == 3    # steps 2-4: the verify passes after the prefill step
+        assert sim.spec_walked_iterations == 0     # the list's entries are not drawn by uniform steps
     # step 2: 4 slots reserved (12), 2 accepted + 1 -> 11 kept; step 3: 15 reserved, 0 accepted -> 12; step 4: done
     assert held[:3] == [(8, 8, 92), (11, 11, 89), (12, 12, 88)]
     assert held[3][2] == 100                       # completion frees everything
@@ -113,6 +118,77 @@ def test_known_acceptance_sequence_gives_exact_times_and_kv(fast):
     s = res.summary
     assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"], s["spec_freed_blocks"]) == \
         (3, 9, 5, 1 + 3)
+
+
+@BOTH
+def test_uniform_steps_in_a_window_give_the_hand_worked_times_and_kv(fast):
+    """Block size 16: the uniform steps (8 tokens left or more: every pass verifies all 3 drafts) are worked out a
+    window at a time (sim/engine/specwalk.py); the times, KV and counters are the step-by-step ones."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=1.0)
+    sim, res = _run([(8, 41)], cfg, block_size=16, **_loop(fast))
+    # prefill 8 tokens: 3 s (token 1); then 10 verify passes of 1 + 3 tokens, 2 s each, 4 tokens each
+    assert _times(sim) == [3.0] + [t for i in range(1, 11) for t in [3.0 + 2.0 * i] * 4]
+    if fast:
+        assert sim.fast_forward_iterations == 10             # every verify pass skips the scheduler
+        assert sim.spec_window_iterations == sim.spec_walked_iterations == 9   # 40..8 tokens left; 4: the loop
+    s = res.summary
+    assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"]) == (10, 30, 30)
+    assert s["spec_freed_blocks"] == 0                       # every draft kept: nothing reserved goes back
+
+
+def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
+    """Acceptance 0: each pass reserves 4 slots and keeps 1, so near every block boundary the block past it is
+    reserved and given back step after step until the kept tokens cross it; the window finds those steps by
+    bisection. KV per step (after each commit), each trim (its clock, request, tokens kept, blocks held: a prefix
+    cache stamps the freed blocks with the clock) and the freed-block count equal the plain loop's."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=0.0)
+    seen = []
+    for fast in (False, True):
+        cm = (SumsTokenCost if fast else TokenCost)(**COST)
+        req = make_requests([(8, 60), (30, 45)])
+        mem = KVCacheManager(200, 16)
+        trims, inner = [], mem.trim
+
+        def trim(r, tokens, mem=mem, trims=trims, inner=inner):
+            trims.append((mem.clock, r.id, tokens, r.blocks))
+            return inner(r, tokens)
+        mem.trim = trim
+        sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
+                         speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+        res = sim.run()
+        seen.append((res.iterations[["start_s", "kv_alloc_tokens"]].values.tolist(), res.summary["spec_freed_blocks"],
+                     [r.token_times for r in sim.all_requests], [t for t in trims if t[3] > -(-t[2] // 16)]))
+        if fast:
+            assert sim.spec_window_iterations > 20
+    assert seen[0] == seen[1]
+    assert seen[1][1] > 0
+
+
+def test_more_draws_keeps_the_generators_stream():
+    """Draws read ahead by a window (a block put behind those left) come in the order refill() gives them."""
+    cm = TokenCost(**COST)
+    a = Speculation(SpeculativeConfig(method="ngram", k=3, acceptance_rate=0.6), cm, seed=5)
+    b = Speculation(SpeculativeConfig(method="ngram", k=3, acceptance_rate=0.6), cm, seed=5)
+    first = [a.draw(0, 100) for _ in range(4000)]
+    assert [b.draw(0, 100) for _ in range(4000)] == first
+    b.more_draws()                                     # 96 left + a block behind them
+    b.more_draws()
+    assert [a.draw(0, 100) for _ in range(9000)] == [b.draw(0, 100) for _ in range(9000)]
+
+
+def test_next_order_is_the_running_order_only_when_the_next_schedule_is_known():
+    from sim.engine.specstretch import next_order
+    reqs = make_requests([(8, 20), (8, 3), (8, 9)])
+    view = type("V", (), {})()
+    view.running, view.waiting, view.swapped, view.cohort = list(reqs), [], [], None
+    pol = build_policy({"name": "vllm-v1"})
+    assert next_order(pol, view, 3) == reqs
+    view.waiting = [make_requests([(5, 5)])[0]]
+    assert next_order(pol, view, 3) is None                # a queued request may be admitted
+    view.waiting = []
+    pol.C = 4 + 3 + 4 - 1                                   # the verify passes no longer fit the budget
+    assert next_order(pol, view, 3) is None
+    assert next_order(build_policy({"name": "vllm-v0"}), view, 3) is None    # vLLM v0: not known here
 
 
 def test_head_draft_cost_is_its_fraction_of_the_target_passes():

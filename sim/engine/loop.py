@@ -18,9 +18,9 @@ from sim.engine.fastforward import FastForward
 from sim.engine.itertally import IterationTally
 from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
-from sim.metrics import SimResult, finalize_request
+from sim.metrics import SimResult, finalize_many, finalize_request
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
-from sim.engine import specstretch
+from sim.engine import specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
@@ -118,6 +118,10 @@ class Simulation:
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
+        self.spec_walk = specwalk.applies(self)        # ... a window of them at a time (sim/engine/specwalk.py)
+        self.spec_walked_iterations = 0                # ... of them, uniform steps (diagnostics)
+        self.spec_window_iterations = 0                # ... of those, worked out a window at a time
+        self.spec_done: list = []       # steady verify steps' completions whose TBT statistics wait (finalize_many)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
@@ -294,12 +298,24 @@ class Simulation:
             if self.max_iterations and view.iteration >= self.max_iterations:
                 self.truncated = True
                 return
-            if (spec_full and self.completed == completed_before and self.arrived == arrived_at_schedule
+            order = None
+            if (self.spec_steady and self.completed == completed_before and self.arrived == arrived_at_schedule
                     and not (view.step_preemptions or view.step_swap_in or view.step_swap_out
-                             or view.step_hidden_recompute or view.step_swap_hidden or view.step_disk_s)
-                    and policy.steady_decode(view, True)):
-                before = view.iteration             # the same step again, without the scheduler
-                now = yield from specstretch.steady_steps(self, now, list(batch.reqs), batch.num_tokens)
+                             or view.step_hidden_recompute or view.step_swap_hidden or view.step_disk_s)):
+                if spec_full:
+                    if policy.steady_decode(view, True):
+                        order, full_tokens = list(batch.reqs), batch.num_tokens
+                elif (n_prefill and not (view.waiting or view.swapped) and not batch.hold_output
+                      and all(r.cached >= r.input_tokens for r in view.running)
+                      and policy.steady_decode(view, False)):
+                    # the step admitted the last prefill: the next one is all verify passes, in an order known
+                    # without scheduling for some policies (nothing queued, so the token count only matters
+                    # within the budget, which next_order checks)
+                    order = specstretch.next_order(policy, view, self.speculation.k)
+                    full_tokens = -1
+            if order:
+                before = view.iteration             # steps like the next scheduled one, without the scheduler
+                now = yield from specstretch.steady_steps(self, now, order, full_tokens)
                 if view.iteration > before:          # every such step generated tokens
                     last_progress = view.iteration
                 if self.max_iterations and view.iteration >= self.max_iterations:
@@ -958,7 +974,18 @@ class Simulation:
                     self.cohort.flush_at = self.flush_at
             self.view.loose[:] = self.view.running
 
+    def flush_spec_done(self) -> None:
+        """Reduce the waiting completions' token times to their TBT statistics together (finalize_request's
+        floats, as the decode cohort does)."""
+        done = self.spec_done
+        if done:
+            finalize_many(done, self.keep_token_times)
+            if self.rows is not None:
+                self.retire([r for r, _ in done])
+            done.clear()
+
     def result(self) -> SimResult:
+        self.flush_spec_done()
         if self.cohort is not None:      # the tables need every TBT and (truncated run) members' true state
             self.cohort.flush()
             self.cohort.materialize()

@@ -8,13 +8,18 @@ not). Such a step is taken here without schedule(), the BatchShape or the policy
 reservations, acceptance draws (from the one generator, in that order), KV trims, step time (the cost model's
 time_from_sums, which accepts_decode_sums promises equals batch_time of the shape) and commit are the plain
 loop's own, in its order, so the tables are bit-identical. A run of such steps stops before a step whose blocks
-do not fit (the plain loop preempts), after a step in which a request completes or an arrival is delivered, at
-max_iterations and, with requests queued, before a step whose token count differs from the last scheduled one
-(a smaller budget use could let a queued prefill in; with nothing queued the count only shrinks, within budget).
-Acceptance draws cannot be known before the step, so there is no closed form over many steps; what is saved is
-the scheduler's and the shape's work per step."""
+do not fit (the plain loop preempts), after a step in which an arrival is delivered, at max_iterations and, with
+requests queued, before a step whose token count differs from the last scheduled one (a smaller budget use could
+let a queued prefill in; with nothing queued the count only shrinks, within budget) or after a completion; with
+nothing queued on a lone replica a completion only shortens the order (the policy vouches again). A stretch also
+starts right after the step that admitted the last prefill when the policy knows the next order without
+scheduling (next_order). Acceptance draws cannot be known before the step, so there is no closed form;
+the uniform steps (every request verifies all k drafts) are worked out a window at a time (specwalk.py), the
+rest here one at a time."""
 from __future__ import annotations
 
+from sim.engine import specwalk
+from sim.engine.cohort import FLUSH
 from sim.engine.request import RUNNING
 
 
@@ -24,6 +29,21 @@ def applies(sim) -> bool:
     return (spec is not None and sim.exact_fast_paths and sim.lora is None
             and sim.costmodel.accepts_decode_sums() and spec.sums and sim.view.plain_reserve
             and getattr(mem, "kv_bits", 16) == 16)
+
+
+def next_order(policy, view, k: int):
+    """After a step that admitted the last prefill: the running set in the order the next schedule() takes it, each
+    request with its full verify pass (1 + min(k, left - 1) tokens), when that is known without scheduling; else
+    None. Known for vLLM v1's unified scheduler itself (not a subclass) in running-first, decode-first or
+    prefill-first order with nothing queued: its running group is view.running in order, and a decode's verify
+    pass is clipped only by the token budget C, checked here. (The rule lives here rather than as a policy method
+    so that the policies' code, which the reproduction report's row stamps hash, is unchanged.)"""
+    from policies.unified import UnifiedScheduler
+    if type(policy) is not UnifiedScheduler or policy.config.order == "ranked" or view.waiting or view.swapped \
+            or view.cohort is not None:
+        return None
+    tokens = sum(1 + min(k, r.output_tokens - r.generated - 1) for r in view.running)
+    return list(view.running) if tokens <= policy.C else None
 
 
 def full_verify_step(batch, k: int) -> bool:
@@ -48,6 +68,9 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     view, mem, cm, spec, clock = sim.view, sim.memory, sim.costmodel, sim.speculation, sim.arrival_clock
     k = spec.k
     cluster = clock.cluster
+    lone = not cluster and sim.sessions is None
+    done = sim.spec_done
+    policy = sim.policy
     queued = bool(view.waiting or view.swapped)
     arrived = sim.arrived
     bs = mem.block_size
@@ -68,7 +91,18 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     n = len(order)
     taken = steps = proposed = accepted = produced = full_steps = full_tokens_ = freed = 0
     cs = [0] * n
+    # uniform steps (every request verifies k drafts) go through specwalk's tight loop; this loop takes the step
+    # that stopped it (a request near its end, an arrival, a KV shortfall, ...) and any other steady one
+    walkable = sim.spec_walk and not (queued and n * (k + 1) != full_tokens)
+    prices = spec.walk_prices
     while not (max_it and view.iteration >= max_it):
+        if walkable:
+            walked, now = specwalk.uniform_steps(sim, now, order, dcm, scale, prices)
+            if walked:
+                taken += walked
+                draws = spec._draws        # (a block it refilled)
+                if max_it and view.iteration >= max_it:
+                    break
         # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
         # are checked whole before any is made (a shortfall is the plain loop's preemption)
         need = tokens = n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
@@ -148,7 +182,13 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             r.generated = g
             generated += gained
             if g >= r.output_tokens:
-                sim._finish(r, now)
+                if lone:               # its TBT statistics later, with others' (finalize_many: the same floats)
+                    sim._finish(r, now, finalize=False)
+                    done.append((r, ()))
+                    if len(done) >= FLUSH:
+                        sim.flush_spec_done()
+                else:
+                    sim._finish(r, now)
                 finished = True
         view.kv_cached_tokens += generated      # (integers: the plain loop's per-request adds, summed)
         sim.tokens_generated += generated
@@ -160,8 +200,27 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         else:
             sim.tally.add(n, len(running), mem.used_tokens)
         taken += 1
-        if finished or sim.arrived != arrived:
+        if sim.arrived != arrived:
             break
+        if finished:
+            # With nothing queued the freed KV admits nobody: the plain loop's next schedule() takes the rest of
+            # the running set in the same order, as the policy vouches again (a lone replica without sessions:
+            # a completion there changes no other state the steps read)
+            if queued or not lone or not policy.steady_decode(view, False):
+                break
+            it = view.iteration
+            rest = []
+            for r in order:
+                if r.state == RUNNING:
+                    rest.append(r)
+                else:
+                    r.sched_stamp = it
+            if not rest:
+                break
+            order = rest
+            n = len(order)
+            cs = [0] * n
+            walkable = sim.spec_walk
     if taken:
         it = view.iteration
         for r in order:

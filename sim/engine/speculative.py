@@ -27,7 +27,8 @@ memory.M given in the scenario is taken as the target's tokens as it stands.
 
 Fast paths: the decode cohort and the closed-form stretches stay off (a step's tokens depend on its draws, so
 no step after the next is known in advance); steady verify steps skip the scheduler instead, bit-identical to
-the plain loop (sim/engine/specstretch.py)."""
+the plain loop (sim/engine/specstretch.py), and uniform ones are worked out a window at a time from the draws
+ahead (sim/engine/specwalk.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class Speculation:
         self.rng = np.random.default_rng([int(seed), 0x5EC])
         self._draws: list = []                 # geometric draws taken from the generator a block at a time
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
+        self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -175,6 +177,25 @@ class Speculation:
         """The next block of geometric draws at the rate, last first (taken with pop())."""
         self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
         return self._draws
+
+    def more_draws(self) -> None:
+        """Put the generator's next block behind the draws left, in place (the order pop() takes them is the one
+        refill() would give); sim/engine/specwalk.py reads a window's draws ahead this way."""
+        self._draws[:0] = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+
+    def walk_draws(self, reqs):
+        """How uniform steps of `reqs` draw (sim/engine/specwalk.py): 'rate' (fresh draws from the generator), or
+        the constant accepted count (k at a rate of 1, 0 at 0); None while one of them still has entries of its
+        own list."""
+        lists = self.lists
+        if lists:
+            used = self.used
+            for r in reqs:
+                seq = lists.get(r.id)
+                if seq is not None and used.get(r.id, 0) < len(seq):
+                    return None
+        a = self.rate
+        return self.k if a >= 1.0 else 0 if a <= 0.0 else "rate"
 
     def rate_only(self) -> bool:
         """Is every draw a fresh geometric one from the generator (no per-request lists, 0 < rate < 1)?"""

@@ -1,0 +1,436 @@
+"""Uniform steady verify steps, a window of them at a time: every request verifies all k drafts, so a step's price is
+a function of one integer and a request's tokens over many steps a running sum of its draws.
+
+sim/engine/specstretch.py takes steady verify steps one at a time with the general step's work. Most steady steps
+are simpler: while every running request has more than k + 1 tokens left, each is scheduled with exactly 1 + k
+tokens and none can finish, so the batch's sums are fixed but for Σ context (pk): n verify chunks of k + 1 tokens,
+Σc² = n (k + 1)², Σc·m = (k + 1) pk; the drafter's one-token passes read pk + n, pk + 2n, ... tokens. Such steps
+are priced from pk alone (the cost model's own float operations, in its order, for a roofline model; a call per
+step otherwise) and worked out a window at a time (_window): step s, request i takes draw s n + i of the one
+generator's stream (the plain loop's order), so a request's gains over the window are a strided slice of the
+draws and its KV tokens their running sum; its KV blocks change only where that sum nears a block boundary (found
+by bisection: the block past it is reserved and, while the tokens kept stay below it, trimmed back at the step's
+end, at that step's clock, as the prefix cache stamps its frees); the clock is the steps' times added in order.
+Where a window does not apply (a short one, KV the window could need beyond the free blocks, block sizes under
+k + 1) the same steps go through a tight step-by-step loop (uniform_steps).
+
+Everything else is the plain loop's: reservations checked before each step, token times, counters, rows or
+tally. Uniform steps stop before a step that is not uniform (a request with k + 1 tokens or fewer left), whose
+blocks do not fit, that would end at or after the next arrival event (or, in a cluster, past what the router has
+decided) or pass max_iterations; specstretch's loop then takes that step."""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from functools import reduce
+from itertools import accumulate, chain, repeat
+from operator import add
+
+from costmodels.base import CostModel
+from costmodels.roofline import RooflineCostModel
+from sim.engine.speculative import PASS_CACHE
+
+MORE, DONE, STEP = "more", "done", "step"      # after a window: another, none (uniform steps ended), the loop
+WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
+MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
+INF = math.inf
+
+
+def target_price(cm, n: int, k1: int):
+    """pk -> seconds of a step of n verify chunks of k1 tokens with Σ context pk: time_from_sums(n k1, n, n k1²,
+    k1 pk, pk, 0, 0), its float operations inlined for a roofline model."""
+    T, c2 = n * k1, n * k1 * k1
+    cls = type(cm)
+    if not (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
+            and cls.cpu_time is CostModel.cpu_time):
+        f = cm.time_from_sums
+        return lambda pk: f(T, n, c2, k1 * pk, pk, 0, 0)
+    cm.time_from_sums(T, n, c2, 0, 0, 0, 0)              # grows the tables to T if they are short
+    a0, a1, a2, a3, a4 = cm._pre
+    A1, A2, A4 = a1 * c2, a2 * (T - 0), a4 * n
+    L, E, S = cm._layer[T], cm._emb[T], cm._step[n]
+    layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
+
+    def price(pk):
+        # time_from_sums: attn = 0.0, then += the prefill terms left to right; layer + layers*attn + emb + step
+        attn = 0.0 + ((((a0 * (k1 * pk) + A1) + A2) + a3 * pk) + A4)
+        return (((L + layers * attn) + E) + S) + ov + cpu
+    return price
+
+
+def draft_pass(cm, n: int):
+    """kv -> seconds of one drafter pass over n one-token decodes reading kv tokens, as Speculation._sums_time
+    prices it: time_from_sums(n, 0, 0, 0, 0, n, kv) - cpu_time(n), inlined for a roofline model's smooth decode."""
+    cls = type(cm)
+    if not (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
+            and cls.cpu_time is CostModel.cpu_time and not cm._dec[5] and n not in cm._small):
+        f, cpu = cm.time_from_sums, cm.cpu_time(n)
+        return lambda kv: f(n, 0, 0, 0, 0, n, kv) - cpu
+    cm.time_from_sums(n, 0, 0, 0, 0, n, 1)               # grows the tables to n if they are short
+    c = cm._dec
+    c0, occ, C2, c3, floor = c[0], cm._occ[n], c[2] * n, c[3], cm._kv_read_s
+    L, E, S = cm._layer[n], cm._emb[n], cm._step[n]
+    layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
+
+    def price(kv):
+        attn = max(kv * c0 * occ + C2 + c3, kv * floor)
+        return ((((L + layers * attn) + E) + S) + ov + cpu) - cpu
+    return price
+
+
+def draft_price(dpass, n: int, k: int, scale: float, passes: dict):
+    """pk -> the drafter's seconds in a uniform step with Σ context pk: its k one-token passes read pk + n,
+    pk + 2n, ... tokens, summed in that order and scaled, as Speculation._sums_time adds them. A pass is looked up
+    in `passes` by its KV read once priced (a pure function of it: the same float); a step's passes mostly
+    repeat the last step's, which started a few tokens per request earlier."""
+    known = passes.get
+
+    def price(pk):
+        kv = pk + n
+        d = known(kv)
+        if d is None:
+            d = passes[kv] = dpass(kv)
+        for i in range(1, k):
+            x = known(kv + i * n)
+            if x is None:
+                x = passes[kv + i * n] = dpass(kv + i * n)
+            d += x
+        return d * scale
+    return price
+
+
+def applies(sim) -> bool:
+    """Uniform steps are walked here when the draws are the plain ones a step reads (checked per stretch) and the
+    KV manager's used tokens are the free-block count's (fixed for the run)."""
+    from sim.kv.paged import KVCacheManager
+    return sim.spec_steady and type(sim.memory).used_tokens is KVCacheManager.used_tokens \
+        and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
+
+
+def _window(sim, now, order, mode, lefts, target, draft, arrival):
+    """Up to WINDOW uniform steps worked out request by request: step s, request i reads draw s n + i, so a
+    request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
+    KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
+    one loop over steps. Nothing is done (0 returned) when the window would be short, the drawn block runs out
+    within it, or the blocks the window could need at most do not fit the free ones (then a step could fall short:
+    the step-by-step loop decides). Returns (steps taken, the clock)."""
+    view, mem, spec = sim.view, sim.memory, sim.speculation
+    n, k = len(order), spec.k
+    k1 = k + 1
+    w = min(WINDOW, min(lefts) - k1)                # step s needs k + 2 tokens left; each step gains one at least
+    stop = sim.max_iterations
+    if stop:
+        w = min(w, stop - view.iteration)
+    if w < MIN_WINDOW:
+        return 0, now, STEP
+    ms0 = [r.cached for r in order]
+    pk = sum(ms0)
+    if arrival < INF:                               # every step takes target(pk) at least (Σ context only grows)
+        w = min(w, int((arrival - now) / target(pk)) + 1)
+        if w < MIN_WINDOW:
+            return 0, now, STEP
+    cap = w
+    fresh = mode == "rate"
+    if fresh:
+        draws = spec._draws
+        while len(draws) < w * n:                   # the generator's next block, behind the draws left
+            spec.more_draws()
+        # the window's draws, last first as the list holds them (draw q = s n + i at offset w n - 1 - q), as
+        # a full verify pass's tokens, min(draw, k) + 1; request i's are every n-th from offset w n - 1 - i down
+        wn = w * n
+        gm = [j + 1 if j < k else k1 for j in draws[len(draws) - wn:]]
+        seqs = [gm[wn - 1 - i::-n] for i in range(n)]
+    else:
+        seqs = [[mode + 1] * w] * n
+    cums = [list(accumulate(g)) for g in seqs]
+    for left, cum in zip(lefts, cums):              # uniform while the tokens before a step <= left - k - 2
+        w = min(w, bisect_right(cum, left - k - 2) + 1)
+    totals = list(map(sum, zip(*seqs)))
+    # the steps' prices and ends (as the step-by-step loop prices them: the target's step plus the drafter's
+    # passes; the clock's sequential float adds), none ending at or past the next arrival event (or, in a
+    # cluster, past what the router has decided)
+    pks = list(accumulate(totals[:w - 1], initial=pk))
+    dts = list(map(target, pks))
+    if draft is not None:
+        ds = list(map(draft, pks))
+        dts = list(map(add, dts, ds))               # target + drafter, the loop's float add
+    else:
+        dts = [x + 0.0 for x in dts]
+    ends = list(accumulate(dts, initial=now))
+    del ends[0]
+    steps = bisect_left(ends, arrival)
+    clock = sim.arrival_clock
+    if clock.cluster:                               # synced is monotone in the end time: the longest prefix
+        lo, hi = 0, steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if clock.synced(ends[mid - 1]):
+                lo = mid
+            else:
+                hi = mid - 1
+        steps = lo
+    if not steps:
+        return 0, now, DONE
+    t = ends[steps - 1]
+    start0 = now
+    if steps < w:
+        del ends[steps:], dts[steps:]
+
+    # KV: a request's reservation only grows over the window; if the largest fit, every step's does
+    bs = mem.block_size
+    held0 = [r.blocks for r in order]
+    grow = 0
+    for b0, m0, cum in zip(held0, ms0, cums):
+        res = -(-(m0 + (cum[steps - 2] if steps > 1 else 0) + k1) // bs)
+        if res > b0:
+            grow += res - b0
+    free0 = mem.free_blocks
+    if grow > free0:
+        return 0, now, STEP
+    # commit: the draws taken; per request its tokens, token times and KV events
+    if fresh:
+        del draws[len(draws) - steps * n:]
+    if draft is not None:                           # added step by step, as the loop's float sum
+        spec.draft_time_s = reduce(add, ds[:steps], spec.draft_time_s)
+    events = []                                     # (step, request, blocks held, tokens kept): a trim
+    delta = [0] * steps                             # blocks the window's requests hold after each step, less before
+    produced = 0
+    for i, (r, b0, m0, cum, g) in enumerate(zip(order, held0, ms0, cums, seqs)):
+        got = cum[steps - 1]
+        produced += got
+        lefts[i] -= got
+        r.cached = m0 + got
+        r.generated += got
+        r.token_times.extend(chain.from_iterable(map(repeat, ends, g[:steps])))
+        # step 0 from the blocks it holds (a reservation may have left more)
+        m1 = m0 + cum[0]
+        held = max(b0, -(-(m0 + k1) // bs))
+        kept = -(-m1 // bs)
+        if held > kept:
+            events.append((0, i, held, m1))
+        delta[0] += kept - b0
+        # then each block boundary B: steps starting within k1 tokens of it reserve the block past it, and give it
+        # back at their end while the tokens kept stay at or below B; the step that crosses B keeps it
+        B = kept * bs
+        while True:
+            first = bisect_right(cum, B - k1 - m0) + 1          # the first step s >= 1 with m_s + k1 > B
+            if first >= steps:
+                break
+            cross = bisect_right(cum, B - m0)                   # the first step whose end holds more than B
+            blocks = B // bs + 1
+            for s in range(first, min(cross, steps)):
+                events.append((s, i, blocks, m0 + cum[s]))
+            if cross >= steps:
+                break
+            delta[cross] += 1
+            B += bs
+        r.blocks = -(-(m0 + got) // bs)
+    freed = 0
+    if events:
+        events.sort()
+        trim = mem.trim
+        final = [r.blocks for r in order]
+        for s, i, held, tok in events:
+            r = order[i]
+            r.blocks = held
+            mem.clock = ends[s]
+            freed += trim(r, tok)
+        for r, b in zip(order, final):
+            r.blocks = b
+    held_after = list(accumulate(delta))
+    mem.free_blocks = free0 - held_after[-1]
+    mem.clock = t
+    view.now = ends[-2] if steps > 1 else start0
+    view.iteration += steps
+    kv0 = view.kv_cached_tokens
+    view.kv_cached_tokens = kv0 + produced
+    sim.tokens_generated += produced
+    spec.steps += n * steps
+    spec.proposed += n * k * steps
+    spec.accepted += produced - n * steps
+    spec.tokens += produced
+    spec.full_steps += n * steps
+    spec.full_tokens += produced
+    spec.freed_blocks += freed
+    used0 = mem.total_blocks - free0
+    used = [(used0 + h) * bs for h in held_after]
+    running_n, queue_n = len(view.running), len(view.waiting) + len(view.swapped)
+    if sim.record_iterations:
+        kv = accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens)
+        next(kv)
+        sim.iter_rows.extend([(a, d, n, 0, n, running_n, queue_n, u, x, 0, 0, 0)
+                              for a, d, u, x in zip([start0] + ends[:-1], dts, used, kv)])
+    else:
+        tally = sim.tally
+        tally.add(n, running_n, 0, steps)
+        tally.kv_alloc_tokens += sum(used)
+        top_used = max(used)
+        if top_used > tally.kv_alloc_max:
+            tally.kv_alloc_max = top_used
+    sim.spec_walked_iterations += steps
+    sim.spec_window_iterations += steps
+    # more uniform steps may follow only when the window's own length stopped it
+    return steps, t, MORE if steps == cap == WINDOW and w == cap else DONE
+
+
+def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict):
+    """Take uniform steady verify steps of `order` from `now` (the last scheduled step's requests, the whole running
+    set; with requests queued the caller has checked that n (k + 1) is the last scheduled step's token count).
+    Returns (steps taken, the clock after them). `prices`: pricing by batch size n (Speculation.walk_prices), made
+    on first use: the target's step, the drafter's pass and the drafter passes priced so far, by KV read."""
+    view, mem, spec = sim.view, sim.memory, sim.speculation
+    mode = spec.walk_draws(order)
+    if mode is None:
+        return 0, now
+    k = spec.k
+    k1 = k + 1
+    n = len(order)
+    lefts = [r.output_tokens - r.generated for r in order]
+    if min(lefts) <= k1:
+        return 0, now
+    fns = prices.get(n)
+    if fns is None:
+        passes: dict = {}
+        fns = prices[n] = (target_price(sim.costmodel, n, k1), passes,
+                           draft_price(draft_pass(dcm, n), n, k, scale, passes) if dcm is not None else None)
+    target, passes, draft = fns
+    if len(passes) >= PASS_CACHE:
+        passes.clear()
+    clock = sim.arrival_clock
+    arrival = clock.time
+    taken = 0
+    if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
+        while True:
+            steps, now, then = _window(sim, now, order, mode, lefts, target, draft, arrival)
+            taken += steps
+            if then is not MORE:
+                break
+        if then is DONE:
+            return taken, now
+    walked = taken
+    cluster = clock.cluster
+    bs = mem.block_size
+    trim = mem.trim
+    max_it = sim.max_iterations
+    stop = max_it - view.iteration if max_it else -1
+    draws = spec._draws
+    fresh = mode == "rate"
+    pop = draws.pop if fresh else repeat(mode).__next__
+    record = sim.record_iterations
+    rows = sim.iter_rows
+    running_n = len(view.running)
+    queue_n = len(view.waiting) + len(view.swapped)
+    total_blocks = mem.total_blocks
+    offloaded = mem.offloaded_tokens
+    # per request, in locals until the end: KV tokens, capacity (blocks x block size), token-time appenders
+    m0 = [r.cached for r in order]
+    ms = list(m0)
+    caps = [r.blocks * bs for r in order]
+    ext = [r.token_times.extend for r in order]
+    rng = range(n)
+    pk = sum(ms)
+    # (request, blocks) it must add for the next step's 1 + k tokens, past those it holds
+    pend = [(i, -(-(m + k1 - c) // bs)) for i, m, c in zip(rng, ms, caps) if m + k1 > c]
+    need = sum(e for _, e in pend)
+    free = mem.free_blocks
+    kvc = view.kv_cached_tokens
+    it = view.iteration
+    taken = produced = freed = used_sum = used_max = 0
+    draft_total = spec.draft_time_s
+    low = min(lefts)
+    while low > k1 and need <= free and taken != stop:
+        dt = target(pk)
+        if draft is not None:
+            d = draft(pk)
+            dt = dt + d
+        else:
+            dt = dt + 0.0
+        end = now + dt
+        if end >= arrival or (cluster and not clock.synced(end)):
+            break
+        if draft is not None:
+            draft_total += d
+        # the step: its reservations, then the commit (draws in the running order)
+        if need:
+            for i, e in pend:
+                caps[i] += e * bs
+            free -= need
+            pend = []
+            need = 0
+        start, now = now, end
+        it += 1
+        gained = 0
+        low = 1 << 62
+        for i in rng:
+            try:
+                j = pop()
+            except IndexError:                          # the block is used up: the generator's next one
+                draws = spec.refill()
+                pop = draws.pop
+                j = pop()
+            if j > k:
+                j = k
+            g = j + 1
+            m = ms[i] + g
+            ms[i] = m
+            left = lefts[i] - g
+            lefts[i] = left
+            if left < low:
+                low = left
+            gained += g
+            ext[i]([now] * g)
+            cap = caps[i]
+            if cap - m >= bs:                           # blocks past those m tokens need: the rejected drafts' tail
+                r = order[i]
+                r.blocks = cap // bs
+                mem.clock = now
+                x = trim(r, m)
+                freed += x
+                free += x
+                cap -= x * bs
+                caps[i] = cap
+            if m + k1 > cap:                            # the next step's reservation
+                e = -(-(m + k1 - cap) // bs)
+                pend.append((i, e))
+                need += e
+        pk += gained
+        produced += gained
+        kvc += gained
+        used = (total_blocks - free) * bs
+        if record:
+            rows.append((start, dt, n, 0, n, running_n, queue_n, used, kvc - offloaded, 0, 0, 0))
+        else:
+            used_sum += used
+            if used > used_max:
+                used_max = used
+        taken += 1
+    if not taken:
+        return walked, now
+    if fresh:
+        spec._draws = draws
+    for r, m, a, c in zip(order, ms, m0, caps):
+        r.cached = m
+        r.generated += m - a
+        r.blocks = c // bs
+    mem.free_blocks = free
+    mem.clock = now
+    view.now = start
+    view.iteration = it
+    view.kv_cached_tokens = kvc
+    sim.tokens_generated += produced
+    spec.steps += n * taken
+    spec.proposed += n * k * taken
+    spec.accepted += produced - n * taken
+    spec.tokens += produced
+    spec.full_steps += n * taken
+    spec.full_tokens += produced
+    spec.freed_blocks += freed
+    spec.draft_time_s = draft_total
+    if not record:
+        tally = sim.tally
+        tally.add(n, running_n, 0, taken)
+        tally.kv_alloc_tokens += used_sum
+        if used_max > tally.kv_alloc_max:
+            tally.kv_alloc_max = used_max
+    sim.spec_walked_iterations += taken
+    return walked + taken, now
