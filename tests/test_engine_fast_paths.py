@@ -19,11 +19,12 @@ def _raw(policy, M, workload, seed, **extra):
             "workload": workload, **extra}
 
 
-def _both(raw):
+def _both(raw, **sim_opts):
     """(plain, fast): the SimPy loop and the fast paths on the same scenario; asserts their tables are identical."""
     out = []
     for fast in (False, True):
-        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True}}))
+        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True,
+                                                                  **sim_opts}}))
         out.append((sim, sim.run()))
     _assert_equal_runs(out[0], out[1])
     return out
@@ -75,12 +76,7 @@ def test_speculative_fast_paths_match_plain_loop(policy, seed, rate, M, method, 
     if lists:                                      # the first requests' first verify passes from a list
         spec["accepted"] = {i: [(i + j) % (k + 1) for j in range(5)] for i in range(0, 40, 3)}
     raw = _raw(policy, M, _poisson(40, rate, seed), seed, speculative=spec)
-    out = []
-    for fast in (False, True):
-        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True,
-                                                                  "record_iterations": record}}))
-        out.append((sim, sim.run()))
-    _assert_equal_runs(out[0], out[1])
+    out = _both(raw, record_iterations=record)
     assert out[1][1].summary["spec_draft_time_s"] == out[0][1].summary["spec_draft_time_s"]
 
 
@@ -99,12 +95,7 @@ def test_speculative_windows_match_plain_loop(policy, seed, rate, M, method, k, 
     w = {"kind": "poisson", "num_requests": 30, "rate": rate,
          "prompt": {"dist": "uniform", "low": 20, "high": 600}, "output": {"dist": "uniform", "low": 60, "high": 400}}
     raw = _raw(policy, M, w, seed, speculative=spec)
-    out = []
-    for fast in (False, True):
-        sim = build_simulation(scenario_from_dict({**raw, "sim": {"fast_forward": fast, "keep_token_times": True,
-                                                                  "record_iterations": record}}))
-        out.append((sim, sim.run()))
-    _assert_equal_runs(out[0], out[1])
+    out = _both(raw, record_iterations=record)
     assert out[1][1].summary["spec_draft_time_s"] == out[0][1].summary["spec_draft_time_s"]
     if M > 100_000:
         assert out[1][0].spec_window_iterations > 0

@@ -226,11 +226,5 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         for r in order:
             r.sched_stamp = it
         sim.fast_forward_iterations += taken
-        spec.steps += steps
-        spec.proposed += proposed
-        spec.accepted += accepted
-        spec.tokens += produced
-        spec.full_steps += full_steps
-        spec.full_tokens += full_tokens_
-        spec.freed_blocks += freed
+        spec.verified_many(steps, proposed, accepted, produced, full_steps, full_tokens_, freed)
     return now

@@ -210,6 +210,18 @@ class Speculation:
             self.full_steps += 1
             self.full_tokens += gained
 
+    def verified_many(self, steps: int, proposed: int, accepted: int, tokens: int, full_steps: int,
+                      full_tokens: int, freed_blocks: int) -> None:
+        """What `verified` counts, summed over many verify passes at once (the fast paths' stretches and windows),
+        plus the rejected drafts' blocks they freed."""
+        self.steps += steps
+        self.proposed += proposed
+        self.accepted += accepted
+        self.tokens += tokens
+        self.full_steps += full_steps
+        self.full_tokens += full_tokens
+        self.freed_blocks += freed_blocks
+
     # -- cost -------------------------------------------------------------------------------------------------
     def draft_time(self, prefill_tokens, prefill_context, decode_context) -> float:
         """Seconds the drafter adds to a step: one pass over the prefill chunks and the speculating decodes (one

@@ -245,13 +245,8 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
     kv0 = view.kv_cached_tokens
     view.kv_cached_tokens = kv0 + produced
     sim.tokens_generated += produced
-    spec.steps += n * steps
-    spec.proposed += n * k * steps
-    spec.accepted += produced - n * steps
-    spec.tokens += produced
-    spec.full_steps += n * steps
-    spec.full_tokens += produced
-    spec.freed_blocks += freed
+    # uniform steps: every request verified all k drafts
+    spec.verified_many(n * steps, n * k * steps, produced - n * steps, produced, n * steps, produced, freed)
     used0 = mem.total_blocks - free0
     used = [(used0 + h) * bs for h in held_after]
     running_n, queue_n = len(view.running), len(view.waiting) + len(view.swapped)
@@ -418,13 +413,8 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     view.iteration = it
     view.kv_cached_tokens = kvc
     sim.tokens_generated += produced
-    spec.steps += n * taken
-    spec.proposed += n * k * taken
-    spec.accepted += produced - n * taken
-    spec.tokens += produced
-    spec.full_steps += n * taken
-    spec.full_tokens += produced
-    spec.freed_blocks += freed
+    # uniform steps: every request verified all k drafts
+    spec.verified_many(n * taken, n * k * taken, produced - n * taken, produced, n * taken, produced, freed)
     spec.draft_time_s = draft_total
     if not record:
         tally = sim.tally
