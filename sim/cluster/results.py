@@ -172,7 +172,26 @@ def merge_tables(parts: list) -> pd.DataFrame:
         else:                                       # strings (pandas' own arrays)
             cols[name] = pd.concat([pd.Series(x, copy=False) for x in col], ignore_index=True).array.take(order)
         col = None
+        _give_back()
     return pd.DataFrame(cols, copy=False)
+
+
+def _give_back() -> None:
+    """Hand the pages of freed pieces back to the system (glibc): pieces below malloc's mmap threshold (a replica's
+    column of a few thousand rows) are freed inside the heap, where they would still count towards the peak
+    while the merged columns (mmapped) grow; elsewhere a no-op."""
+    global _trim
+    if _trim is None:
+        try:
+            import ctypes
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 
 
 def _most_held(scaler) -> int:
