@@ -160,6 +160,7 @@ def merge_tables(parts: list) -> pd.DataFrame:
     for i, part in enumerate(parts):
         pieces.append({name: part[name].array for name in names})
         parts[i] = part = None
+    parts.clear()
     arrival = np.concatenate([np.asarray(d["arrival_s"]) for d in pieces])
     ids = np.concatenate([np.asarray(d["id"]) for d in pieces])
     order = np.lexsort((ids, arrival))              # stable: equal keys keep their concatenation order
