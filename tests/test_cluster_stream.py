@@ -200,3 +200,45 @@ def test_inlined_walks_give_the_plain_loops_tables(M, record):
     assert sum(h.sim.walked_iterations for h in run.replicas if h.built) > 0
     _, _, plain = _tables(raw(False))
     _same(fast, plain)
+
+
+def _frame(rng, n, replica, t_choices):
+    """A replica's request table in miniature: the dtypes request_table makes (ints, floats, strings), arrival
+    times drawn from a few values so that (arrival_s, id) ties occur across replicas."""
+    ids = rng.integers(0, 40, n)
+    df = pd.DataFrame({"id": ids, "cls": rng.choice(["a", "bb", "default"], n), "arrival_s": rng.choice(t_choices, n),
+                       "e2e_s": np.where(rng.random(n) < 0.2, np.nan, rng.random(n)),
+                       "reason": rng.choice(["", "too long"], n)}, copy=False)
+    df["replica"] = np.full(n, replica, dtype=np.int64)
+    return df
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merged_tables_are_the_stable_sort_of_their_concatenation(seed):
+    """merge_tables (column by column, pieces let go as it goes) gives what the earlier concat + stable sort by
+    (arrival_s, id) gave, ties in replica order included, every dtype kept; the pieces are emptied."""
+    from sim.cluster.results import merge_tables
+    rng = np.random.default_rng(seed)
+    t_choices = rng.random(5)
+    parts = [_frame(rng, int(rng.integers(1, 60)), k, t_choices) for k in range(int(rng.integers(1, 7)))]
+    want = pd.concat([p.copy() for p in parts], ignore_index=True)
+    want = want.sort_values(["arrival_s", "id"], kind="stable").reset_index(drop=True)
+    got = merge_tables(parts)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert list(got.dtypes) == list(want.dtypes)
+    assert parts == []
+
+
+def test_summary_reads_completed_rows_through_a_mask():
+    """summarize's completed-row statistics (makespan, latency percentiles) are those of the completed rows' frame."""
+    from sim.metrics.tables import summarize
+    _, _, res = _tables(_raw(replicas=3, M=2000))
+    req = res.requests
+    assert (req["status"] != "done").any() and (req["status"] == "done").any()   # both kinds of rows
+    s = summarize(req, pd.DataFrame(), 1000)
+    done = req[req["status"] == "done"]
+    assert s["makespan_s"] == done["completion_s"].max() - req["arrival_s"].min()
+    for col in ("ttft_s", "e2e_s", "tbt_p99_s"):
+        v = done[col].dropna().to_numpy()
+        assert s[f"{col[:-2]}_p99"] == float(np.percentile(v, 99))
+        assert s[f"{col[:-2]}_mean"] == float(v.mean())

@@ -29,6 +29,9 @@ class ReplicaClock(ArrivalClock):
         self._seq = 0
         self.view = view
         self.preloaded: set = set()         # request ids whose KV arrives with them: they join the running set
+        # fixed for the run once the driver is built: plain attributes, read on every step of the fast paths
+        self.runs_ahead = driver.runs_ahead
+        self._cut = driver.cut_at_decisions
 
     def start(self) -> None:
         """Both processes start at 0, arrivals first: what is due at 0 is queued before the first schedule."""
@@ -47,9 +50,18 @@ class ReplicaClock(ArrivalClock):
     @property
     def time(self) -> float:
         """No event reaches this replica before this time (exact once synced up to it)."""
-        own = self._own()
-        release = self.releases[0][0] if self.releases else math.inf
-        return min(own, release, self.driver.horizon(self.replica))
+        # _own() and the driver's horizon inlined: read before every stretch of steps and every commit
+        i, reqs = self.arrived, self.requests
+        if i < len(reqs):
+            t, now = reqs[i].arrival_s, self._from
+            own = now + (t - now) if t > now else now
+        else:
+            own = math.inf
+        if self.releases and self.releases[0][0] < own:
+            own = self.releases[0][0]
+        driver = self.driver
+        bound = driver.horizon(self.replica) if driver.lockstep or driver.to_wake else driver.T
+        return own if own <= bound else bound
 
     @property
     def commit_limit(self) -> float:
@@ -57,14 +69,10 @@ class ReplicaClock(ArrivalClock):
         state (queues, KV, cached prefixes) must find it as the plain loop's would be at its decision, never a
         stretch still to be applied (behind) nor cohort steps already past it (ahead): the limit is its next
         decision. A router that reads only its ledgers (time-stamped, sim/cluster/ledger.py) sets no limit."""
-        driver = self.driver
-        return driver.horizon(self.replica) if driver.cut_at_decisions else math.inf
+        return self.driver.horizon(self.replica) if self._cut else math.inf
 
-    @property
-    def runs_ahead(self) -> bool:
-        """May this replica sleep through steady steps? Only where routers read nothing but their ledgers and no
-        replica hands work to another (no disaggregation)."""
-        return self.driver.runs_ahead
+    # runs_ahead (an attribute set above): may this replica sleep through steady steps? Only where routers read
+    # nothing but their ledgers and no replica hands work to another (no disaggregation).
 
     @property
     def next_decision(self) -> float:
@@ -80,7 +88,10 @@ class ReplicaClock(ArrivalClock):
         return self.driver.final(self.replica)
 
     def synced(self, e: float) -> bool:
-        return self.driver.synced(self.replica, e)
+        driver = self.driver
+        if e >= driver.T:                   # (the driver's synced, its common case inlined)
+            return False
+        return driver.synced(self.replica, e) if driver.lockstep else not driver.to_wake
 
     def due(self, s: float, e: float) -> bool:
         t = self._own()

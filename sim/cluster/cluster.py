@@ -542,10 +542,7 @@ class Cluster:
         try:
             v = h.gen.send(value) if h.state != "new" else next(h.gen)
         except StopIteration:
-            h.state = "done"
-            if h.pool != DECODE:
-                self.front_live -= 1
-            self.waiting.discard(h)
+            self._stopped(h)
             return
         except SimulationStuck as e:              # one line that also says which replica
             raise SimulationStuck(f"{h!r}: {e}") from None
@@ -558,6 +555,13 @@ class Cluster:
             h.asleep = type(v) is Until
         if self.pd and h.pool == DECODE and h.pending:
             self._reserve(h, h.sim.view.now)
+
+    def _stopped(self, h) -> None:
+        """Replica h's loop returned: it has nothing more to do."""
+        h.state = "done"
+        if h.pool != DECODE:
+            self.front_live -= 1
+        self.waiting.discard(h)
 
     def _push(self, h, t: float) -> None:
         """Resume h at t; an earlier entry of h's in the heap lapses (skipped when popped)."""
@@ -628,15 +632,38 @@ class Cluster:
 
     def _loop(self) -> None:
         heap, replicas = self.heap, self.replicas
+        heappop, heappush = heapq.heappop, heapq.heappush
+        plain = not self.pd                       # (a decode replica's hand-offs: _resume's last step)
         while True:
-            self._flush_wakes()
+            if self.to_wake:
+                self._flush_wakes()
             if self.T < math.inf and (not heap or self.T <= heap[0][0]):
                 self._route_instant()
                 continue
             if heap:
-                _, i, version = heapq.heappop(heap)
-                if version == replicas[i].version:
-                    self._resume(replicas[i])
+                _, i, version = heappop(heap)
+                h = replicas[i]
+                if version != h.version:
+                    continue
+                if not plain or h.state == "new":
+                    self._resume(h)
+                    continue
+                # _resume and _push inlined: one of these per replica step that waits for the router
+                try:
+                    v = h.gen.send(None)
+                except StopIteration:
+                    self._stopped(h)
+                    continue
+                except SimulationStuck as e:
+                    raise SimulationStuck(f"{h!r}: {e}") from None
+                if v is WAIT:
+                    h.state = "wait"
+                    self.waiting.add(h)
+                else:
+                    h.state = "run"
+                    h.version = version = h.version + 1
+                    heappush(heap, (float(v), i, version))
+                    h.asleep = type(v) is Until
                 continue
             finished = [h for h in list(self.waiting) if h.clock.final]
             if not finished:
@@ -668,9 +695,10 @@ class Cluster:
         turns = []
         while self.timers and self.timers[0][0] == t:   # sessions: turns released for this instant, in creation order
             turns.append(heapq.heappop(self.timers)[3])
-        while self.idx < len(reqs) and reqs[self.idx].arrival_s == t or turns:
-            if self.idx < len(reqs) and reqs[self.idx].arrival_s == t:
-                r = reqs[self.idx]
+        n = len(reqs)
+        r = reqs[self.idx] if self.idx < n else None     # (the stream builds each request once: read it once)
+        while r is not None and r.arrival_s == t or turns:
+            if r is not None and r.arrival_s == t:
                 self.idx += 1
             else:
                 r = turns.pop(0)
@@ -698,6 +726,7 @@ class Cluster:
             elif h.asleep:                        # sleeping through steady steps: up after this instant
                 h.asleep = False
                 self._push(h, self._woken_at(h, t))
+            r = reqs[self.idx] if self.idx < n else None
         self._next_T()
         for h in dict.fromkeys(woken):            # once each, in routing order
             self._wake(h, t)

@@ -20,17 +20,16 @@ class DecodeStepTime:
         self.inline = (isinstance(costmodel, LinearCostModel)
                        and cls.time_from_sums is LinearCostModel.time_from_sums
                        and cls.cpu_time is CostModel.cpu_time)
-        self._n = None
-        self._parts = None
+        self._parts = {}                # n -> its parts: a replica's batch sizes are few, and come back
 
     def at(self, n: int):
-        if n != self._n:
+        parts = self._parts.get(n)
+        if parts is None:
             cm = self.costmodel
             k = cm._k
             base = k["a_o"] * n + k["b_o"] + k["step_a"] * n + k["step_b"] + cm.overhead_s
-            self._parts = (base, k["s_d"] * n, k["b_d"], cm.cpu_time(n), k["a_d"])
-            self._n = n
-        return self._parts
+            parts = self._parts[n] = (base, k["s_d"] * n, k["b_d"], cm.cpu_time(n), k["a_d"])
+        return parts
 
     def __call__(self, n: int, kv: int) -> float:
         """One step's time (either way)."""

@@ -83,8 +83,8 @@ def request_table(requests, slos: dict | None = None, overheads=None, rows=None)
         "tbt_max_s": c["tbt_max"], "e2e_s": e2e, "normalized_latency_s": normalized, "queueing_s": first_sched - arrival,
         "evictions": c["evictions"], "swaps": c["swaps"],
         "evicted_tokens": c["evicted_tokens"], "prefix_hit_tokens": c["hit_tokens"],
-        "reason": c["reason"]})
-    df["slo_attained"] = slo_attained(df, slos or {})
+        "reason": c["reason"]}, copy=False)        # one array per column, not consolidated: a cluster merges
+    df["slo_attained"] = slo_attained(df, slos or {})  # the replicas' tables column by column (cluster/results.py)
     return df
 
 
@@ -127,10 +127,11 @@ def iteration_table(iters: dict) -> pd.DataFrame:
 def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncated: bool = False,
               tally=None) -> dict:
     """Run-level metrics. Latency = makespan (InferMax A13); TPS = generated tokens / makespan."""
-    done = req[req["status"] == "done"]
-    n_done = len(done)
+    # the completed rows column by column (a mask, not a copy of the whole table: at 10M rows that is gigabytes)
+    done = (req["status"] == "done").to_numpy(bool) if len(req) else np.zeros(0, bool)
+    n_done = int(done.sum())
     t0 = req["arrival_s"].min() if len(req) else 0.0
-    end = done["completion_s"].max() if n_done else NAN
+    end = req["completion_s"][done].max() if n_done else NAN
     makespan = end - t0 if n_done else NAN
     gen = int(req["generated_tokens"].sum())
     s = {
@@ -141,7 +142,8 @@ def summarize(req: pd.DataFrame, it: pd.DataFrame, capacity_tokens: int, truncat
         "generated_tokens": gen,
     }
     for col in ("ttft_s", "tpot_s", "tbt_p99_s", "e2e_s", "normalized_latency_s", "queueing_s"):
-        v = done[col].dropna().to_numpy()
+        v = req[col].to_numpy()[done]
+        v = v[~np.isnan(v)]
         base = col[:-2]
         s[f"{base}_mean"] = float(v.mean()) if len(v) else NAN
         for p in PCTS:
