@@ -175,6 +175,9 @@ def test_the_h200_run_times_the_yardstick_at_the_harness_contexts_and_its_figure
     contexts = b1_contexts(CHECKED_H200 / "l2-7b.csv")
     assert len(contexts) == 6 and sorted(r["context"] for r in b1) == list(contexts)
     assert all(r["reference_context"] == r["context"] for r in b1)
+    run3 = json.loads((CHECKED_H200 / "run3-summary.json").read_text())
+    assert sorted(r["context"] for r in run3["decode_b1"]) == list(contexts)
+    assert all(r["reference_context"] == r["context"] for r in run3["decode_b1"])
     assert acc["decode_b1_max_ratio"] == pytest.approx(max(r["harness_iteration_ms"] / r["reference_ms"] for r in b1))
     assert acc["decode_b1_max_ratio"] <= 1.10
     for model, tag in (("llama-2-7b", "l2-7b"), ("llama-3-8b", "l3-8b")):
