@@ -147,12 +147,16 @@ def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
         cm = (SumsTokenCost if fast else TokenCost)(**COST)
         req = make_requests([(8, 60), (30, 45)])
         mem = KVCacheManager(200, 16)
-        trims, inner = [], mem.trim
+        trims, inner, inner_many = [], mem.trim, mem.release_tails
 
         def trim(r, tokens, mem=mem, trims=trims, inner=inner):
             trims.append((mem.clock, r.id, tokens, r.blocks))
             return inner(r, tokens)
-        mem.trim = trim
+
+        def release_tails(tails, trims=trims, inner=inner_many):       # a window's trims, given at once
+            trims.extend((when, r.id, tokens, held) for when, r, held, tokens in tails)
+            return inner(tails)
+        mem.trim, mem.release_tails = trim, release_tails
         sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
                          speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
         res = sim.run()

@@ -155,7 +155,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
                 if fresh:
                     if not draws:
                         draws = spec.refill()
-                    j = draws.pop()
+                    j = draws.pop() - 1    # (a full pass's tokens)
                     if j > ke:
                         j = ke
                 else:

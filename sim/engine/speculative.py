@@ -138,7 +138,9 @@ class Speculation:
             self.fraction = 0.0
         self.rate = float(cfg.acceptance_rate)
         self.rng = np.random.default_rng([int(seed), 0x5EC])
-        self._draws: list = []                 # geometric draws taken from the generator a block at a time
+        # the rate's draws, a block at a time from the generator, each kept as the tokens of a full verify pass:
+        # min(G, k + 1) for a geometric G, whose accepted drafts min(G - 1, k) every pass clips further to its k_eff
+        self._draws: list = []
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
         self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
         cm = draft_cm if draft_cm is not None else target_cm
@@ -171,17 +173,21 @@ class Speculation:
             return 0
         if not self._draws:
             self.refill()
-        return min(self._draws.pop(), k_eff)
+        return min(self._draws.pop() - 1, k_eff)
+
+    def _block(self) -> list:
+        """The generator's next 4096 draws at the rate as full verify passes' tokens, last first (for pop())."""
+        return np.minimum(self.rng.geometric(1.0 - self.rate, size=4096), self.k + 1).tolist()[::-1]
 
     def refill(self) -> list:
-        """The next block of geometric draws at the rate, last first (taken with pop())."""
-        self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        """The next block of draws (a full verify pass's tokens each), last first (taken with pop())."""
+        self._draws = self._block()
         return self._draws
 
     def more_draws(self) -> None:
         """Put the generator's next block behind the draws left, in place (the order pop() takes them is the one
         refill() would give); sim/engine/specwalk.py reads a window's draws ahead this way."""
-        self._draws[:0] = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        self._draws[:0] = self._block()
 
     def walk_draws(self, reqs):
         """How uniform steps of `reqs` draw (sim/engine/specwalk.py): 'rate' (fresh draws from the generator), or

@@ -99,6 +99,50 @@ def draft_price(dpass, n: int, k: int, scale: float, passes: dict):
     return price
 
 
+def window_prices(target, dpass, n: int, k: int, scale: float, passes: dict):
+    """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced as the step-by-step loop
+    prices them (target(pk) plus draft_price's sum of the drafter's k passes, looked up in `passes` by KV read,
+    the loop's float adds; ds the drafter's parts, None without a drafter) and their ends (the clock's sequential
+    adds), up to the first step that would end at or past `arrival`."""
+    if dpass is None:
+        def prices(pks, now, arrival):
+            dts, ends = [], []
+            for pk in pks:
+                dt = target(pk) + 0.0
+                now += dt
+                if now >= arrival:
+                    break
+                dts.append(dt)
+                ends.append(now)
+            return dts, None, ends
+        return prices
+    known = passes.get
+    more = range(2 * n, k * n + 1, n)              # the passes after the first read n tokens more each
+
+    def prices(pks, now, arrival):
+        dts, ds, ends = [], [], []
+        for pk in pks:
+            kv = pk + n
+            d = known(kv)
+            if d is None:
+                d = passes[kv] = dpass(kv)
+            for o in more:
+                x = known(pk + o)
+                if x is None:
+                    x = passes[pk + o] = dpass(pk + o)
+                d += x
+            d *= scale
+            dt = target(pk) + d
+            now += dt
+            if now >= arrival:
+                break
+            dts.append(dt)
+            ds.append(d)
+            ends.append(now)
+        return dts, ds, ends
+    return prices
+
+
 def applies(sim) -> bool:
     """Uniform steps are walked here when the draws are the plain ones a step reads (checked per stretch) and the
     KV manager's used tokens are the free-block count's (fixed for the run)."""
@@ -107,7 +151,7 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
-def _window(sim, now, order, mode, lefts, target, draft, arrival):
+def _window(sim, now, order, mode, lefts, target, prices, arrival):
     """Up to WINDOW uniform steps worked out request by request: step s, request i reads draw s n + i, so a
     request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
     KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
@@ -135,11 +179,11 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
         draws = spec._draws
         while len(draws) < w * n:                   # the generator's next block, behind the draws left
             spec.more_draws()
-        # the window's draws, last first as the list holds them (draw q = s n + i at offset w n - 1 - q), as
-        # a full verify pass's tokens, min(draw, k) + 1; request i's are every n-th from offset w n - 1 - i down
+        # the window's draws (a full verify pass's tokens each), last first as the list holds them (draw
+        # q = s n + i at offset w n - 1 - q); request i's are every n-th from offset w n - 1 - i down
         wn = w * n
-        gm = [j + 1 if j < k else k1 for j in draws[len(draws) - wn:]]
-        seqs = [gm[wn - 1 - i::-n] for i in range(n)]
+        tail = draws[len(draws) - wn:]
+        seqs = [tail[wn - 1 - i::-n] for i in range(n)]
     else:
         seqs = [[mode + 1] * w] * n
     cums = [list(accumulate(g)) for g in seqs]
@@ -149,16 +193,8 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
     # the steps' prices and ends (as the step-by-step loop prices them: the target's step plus the drafter's
     # passes; the clock's sequential float adds), none ending at or past the next arrival event (or, in a
     # cluster, past what the router has decided)
-    pks = list(accumulate(totals[:w - 1], initial=pk))
-    dts = list(map(target, pks))
-    if draft is not None:
-        ds = list(map(draft, pks))
-        dts = list(map(add, dts, ds))               # target + drafter, the loop's float add
-    else:
-        dts = [x + 0.0 for x in dts]
-    ends = list(accumulate(dts, initial=now))
-    del ends[0]
-    steps = bisect_left(ends, arrival)
+    dts, ds, ends = prices(accumulate(totals[:w - 1], initial=pk), now, arrival)
+    steps = len(ends)
     clock = sim.arrival_clock
     if clock.cluster:                               # synced is monotone in the end time: the longest prefix
         lo, hi = 0, steps
@@ -169,19 +205,19 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
             else:
                 hi = mid - 1
         steps = lo
+        del ends[steps:], dts[steps:]
     if not steps:
         return 0, now, DONE
-    t = ends[steps - 1]
+    t = ends[-1]
     start0 = now
-    if steps < w:
-        del ends[steps:], dts[steps:]
 
     # KV: a request's reservation only grows over the window; if the largest fit, every step's does
     bs = mem.block_size
     held0 = [r.blocks for r in order]
     grow = 0
+    before_last = steps - 2
     for b0, m0, cum in zip(held0, ms0, cums):
-        res = -(-(m0 + (cum[steps - 2] if steps > 1 else 0) + k1) // bs)
+        res = -(-(m0 + (cum[before_last] if steps > 1 else 0) + k1) // bs)
         if res > b0:
             grow += res - b0
     free0 = mem.free_blocks
@@ -190,53 +226,49 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
     # commit: the draws taken; per request its tokens, token times and KV events
     if fresh:
         del draws[len(draws) - steps * n:]
-    if draft is not None:                           # added step by step, as the loop's float sum
+    if ds is not None:                              # added step by step, as the loop's float sum
         spec.draft_time_s = reduce(add, ds[:steps], spec.draft_time_s)
     events = []                                     # (step, request, blocks held, tokens kept): a trim
     delta = [0] * steps                             # blocks the window's requests hold after each step, less before
     produced = 0
+    last = steps - 1
     for i, (r, b0, m0, cum, g) in enumerate(zip(order, held0, ms0, cums, seqs)):
-        got = cum[steps - 1]
+        got = cum[last]
         produced += got
         lefts[i] -= got
         r.cached = m0 + got
         r.generated += got
-        r.token_times.extend(chain.from_iterable(map(repeat, ends, g[:steps])))
+        r.token_times.extend(chain.from_iterable(map(repeat, ends, g)))     # (ends has the steps taken)
         # step 0 from the blocks it holds (a reservation may have left more)
         m1 = m0 + cum[0]
-        held = max(b0, -(-(m0 + k1) // bs))
+        held = -(-(m0 + k1) // bs)
+        if b0 > held:
+            held = b0
         kept = -(-m1 // bs)
         if held > kept:
             events.append((0, i, held, m1))
         delta[0] += kept - b0
         # then each block boundary B: steps starting within k1 tokens of it reserve the block past it, and give it
         # back at their end while the tokens kept stay at or below B; the step that crosses B keeps it
-        B = kept * bs
+        B = kept * bs - m0                          # (relative to m0, as cum is)
         while True:
-            first = bisect_right(cum, B - k1 - m0) + 1          # the first step s >= 1 with m_s + k1 > B
+            first = bisect_right(cum, B - k1) + 1   # the first step s >= 1 with m_s + k1 > B
             if first >= steps:
                 break
-            cross = bisect_right(cum, B - m0)                   # the first step whose end holds more than B
-            blocks = B // bs + 1
-            for s in range(first, min(cross, steps)):
-                events.append((s, i, blocks, m0 + cum[s]))
+            cross = bisect_right(cum, B)            # the first step whose end holds more than B
+            if first < cross:
+                blocks = (B + m0) // bs + 1
+                for s in range(first, cross if cross < steps else steps):
+                    events.append((s, i, blocks, m0 + cum[s]))
             if cross >= steps:
                 break
             delta[cross] += 1
             B += bs
         r.blocks = -(-(m0 + got) // bs)
     freed = 0
-    if events:
+    if events:                                      # the rejected drafts' blocks, in step then running order
         events.sort()
-        trim = mem.trim
-        final = [r.blocks for r in order]
-        for s, i, held, tok in events:
-            r = order[i]
-            r.blocks = held
-            mem.clock = ends[s]
-            freed += trim(r, tok)
-        for r, b in zip(order, final):
-            r.blocks = b
+        freed = mem.release_tails([(ends[s], order[i], held, tok) for s, i, held, tok in events])
     held_after = list(accumulate(delta))
     mem.free_blocks = free0 - held_after[-1]
     mem.clock = t
@@ -251,10 +283,14 @@ def _window(sim, now, order, mode, lefts, target, draft, arrival):
     used = [(used0 + h) * bs for h in held_after]
     running_n, queue_n = len(view.running), len(view.waiting) + len(view.swapped)
     if sim.record_iterations:
+        ends.insert(0, start0)                      # (the steps' starts from here on)
+        del ends[-1]
+        const = repeat(n)
+        zero = repeat(0)
         kv = accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens)
         next(kv)
-        sim.iter_rows.extend([(a, d, n, 0, n, running_n, queue_n, u, x, 0, 0, 0)
-                              for a, d, u, x in zip([start0] + ends[:-1], dts, used, kv)])
+        sim.iter_rows.extend(zip(ends, dts, const, zero, const, repeat(running_n), repeat(queue_n), used, kv,
+                                 zero, zero, zero))
     else:
         tally = sim.tally
         tally.add(n, running_n, 0, steps)
@@ -286,9 +322,11 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     fns = prices.get(n)
     if fns is None:
         passes: dict = {}
-        fns = prices[n] = (target_price(sim.costmodel, n, k1), passes,
-                           draft_price(draft_pass(dcm, n), n, k, scale, passes) if dcm is not None else None)
-    target, passes, draft = fns
+        target = target_price(sim.costmodel, n, k1)
+        dpass = draft_pass(dcm, n) if dcm is not None else None
+        fns = prices[n] = (target, passes, draft_price(dpass, n, k, scale, passes) if dpass is not None else None,
+                           window_prices(target, dpass, n, k, scale, passes))
+    target, passes, draft, window = fns
     if len(passes) >= PASS_CACHE:
         passes.clear()
     clock = sim.arrival_clock
@@ -296,7 +334,7 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     taken = 0
     if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
         while True:
-            steps, now, then = _window(sim, now, order, mode, lefts, target, draft, arrival)
+            steps, now, then = _window(sim, now, order, mode, lefts, target, window, arrival)
             taken += steps
             if then is not MORE:
                 break
@@ -310,7 +348,7 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     stop = max_it - view.iteration if max_it else -1
     draws = spec._draws
     fresh = mode == "rate"
-    pop = draws.pop if fresh else repeat(mode).__next__
+    pop = draws.pop if fresh else repeat(mode + 1).__next__      # a full verify pass's tokens
     record = sim.record_iterations
     rows = sim.iter_rows
     running_n = len(view.running)
@@ -358,14 +396,11 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
         low = 1 << 62
         for i in rng:
             try:
-                j = pop()
+                g = pop()
             except IndexError:                          # the block is used up: the generator's next one
                 draws = spec.refill()
                 pop = draws.pop
-                j = pop()
-            if j > k:
-                j = k
-            g = j + 1
+                g = pop()
             m = ms[i] + g
             ms[i] = m
             left = lefts[i] - g
