@@ -99,47 +99,28 @@ def draft_price(dpass, n: int, k: int, scale: float, passes: dict):
     return price
 
 
-def window_prices(target, dpass, n: int, k: int, scale: float, passes: dict):
+def window_prices(target, draft, steps: dict):
     """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced as the step-by-step loop
-    prices them (target(pk) plus draft_price's sum of the drafter's k passes, looked up in `passes` by KV read,
-    the loop's float adds; ds the drafter's parts, None without a drafter) and their ends (the clock's sequential
-    adds), up to the first step that would end at or past `arrival`."""
-    if dpass is None:
-        def prices(pks, now, arrival):
-            dts, ends = [], []
-            for pk in pks:
-                dt = target(pk) + 0.0
-                now += dt
-                if now >= arrival:
-                    break
-                dts.append(dt)
-                ends.append(now)
-            return dts, None, ends
-        return prices
-    known = passes.get
-    more = range(2 * n, k * n + 1, n)              # the passes after the first read n tokens more each
+    prices them (target(pk) plus draft(pk), one float add; ds the drafter's parts, None without a drafter) and
+    their ends (the clock's sequential adds), up to the first step that would end at or past `arrival`. A step's
+    (price, drafter's part) is kept in `steps` by pk once priced (a pure function of it: the same floats); windows
+    revisit about half of them."""
+    known = steps.get
 
     def prices(pks, now, arrival):
         dts, ds, ends = [], [], []
         for pk in pks:
-            kv = pk + n
-            d = known(kv)
-            if d is None:
-                d = passes[kv] = dpass(kv)
-            for o in more:
-                x = known(pk + o)
-                if x is None:
-                    x = passes[pk + o] = dpass(pk + o)
-                d += x
-            d *= scale
-            dt = target(pk) + d
-            now += dt
+            p = known(pk)
+            if p is None:
+                d = draft(pk) if draft is not None else 0.0
+                p = steps[pk] = (target(pk) + d, d)
+            now += p[0]
             if now >= arrival:
                 break
-            dts.append(dt)
-            ds.append(d)
+            dts.append(p[0])
+            ds.append(p[1])
             ends.append(now)
-        return dts, ds, ends
+        return dts, ds if draft is not None else None, ends
     return prices
 
 
@@ -323,12 +304,14 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     if fns is None:
         passes: dict = {}
         target = target_price(sim.costmodel, n, k1)
-        dpass = draft_pass(dcm, n) if dcm is not None else None
-        fns = prices[n] = (target, passes, draft_price(dpass, n, k, scale, passes) if dpass is not None else None,
-                           window_prices(target, dpass, n, k, scale, passes))
-    target, passes, draft, window = fns
+        draft = draft_price(draft_pass(dcm, n), n, k, scale, passes) if dcm is not None else None
+        fns = prices[n] = (target, passes, draft, {}, None)
+        fns = prices[n] = fns[:4] + (window_prices(target, draft, fns[3]),)
+    target, passes, draft, priced, window = fns
     if len(passes) >= PASS_CACHE:
         passes.clear()
+    if len(priced) >= PASS_CACHE:
+        priced.clear()
     clock = sim.arrival_clock
     arrival = clock.time
     taken = 0
