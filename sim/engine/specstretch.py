@@ -58,6 +58,23 @@ def full_verify_step(batch, k: int) -> bool:
     return True
 
 
+def _survivors(sim, order: list, queued: bool, lone: bool):
+    """After a steady step that completed requests: the order the next steps take, or None when the stretch ends.
+    With nothing queued the freed KV admits nobody: the plain loop's next schedule() takes the rest of the running
+    set in the same order, as the policy vouches again (a lone replica without sessions: a completion there
+    changes no other state the steps read)."""
+    if queued or not lone or not sim.policy.steady_decode(sim.view, False):
+        return None
+    it = sim.view.iteration
+    rest = []
+    for r in order:
+        if r.state == RUNNING:
+            rest.append(r)
+        else:
+            r.sched_stamp = it
+    return rest or None
+
+
 def steady_steps(sim, now: float, order: list, full_tokens: int):
     """Take steady verify steps of `order` (the last scheduled step's requests, which are the whole running set)
     from `now`; a generator (a cluster replica yields as the plain loop does). Returns the replica's clock.
@@ -70,7 +87,6 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     cluster = clock.cluster
     lone = not cluster and sim.sessions is None
     done = sim.spec_done
-    policy = sim.policy
     queued = bool(view.waiting or view.swapped)
     arrived = sim.arrived
     bs = mem.block_size
@@ -94,15 +110,24 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     # uniform steps (every request verifies k drafts) go through specwalk's tight loop; this loop takes the step
     # that stopped it (a request near its end, an arrival, a KV shortfall, ...) and any other steady one
     walkable = sim.spec_walk and not (queued and n * (k + 1) != full_tokens)
+    tails = lone and not queued            # windows may run on to a completion (then the order shrinks, below)
     prices = spec.walk_prices
     while not (max_it and view.iteration >= max_it):
         if walkable:
-            walked, now = specwalk.uniform_steps(sim, now, order, dcm, scale, prices)
+            walked, now, finished = specwalk.uniform_steps(sim, now, order, dcm, scale, prices, tails)
             if walked:
                 taken += walked
                 draws = spec._draws        # (a block it refilled)
                 if max_it and view.iteration >= max_it:
                     break
+            if finished:
+                rest = _survivors(sim, order, queued, lone)
+                if rest is None:
+                    break
+                order = rest
+                n = len(order)
+                cs = [0] * n
+                continue
         # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
         # are checked whole before any is made (a shortfall is the plain loop's preemption)
         need = tokens = n_pre = pt = c2 = ck = pk = n_dec = kv_read = 0
@@ -203,19 +228,8 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         if sim.arrived != arrived:
             break
         if finished:
-            # With nothing queued the freed KV admits nobody: the plain loop's next schedule() takes the rest of
-            # the running set in the same order, as the policy vouches again (a lone replica without sessions:
-            # a completion there changes no other state the steps read)
-            if queued or not lone or not policy.steady_decode(view, False):
-                break
-            it = view.iteration
-            rest = []
-            for r in order:
-                if r.state == RUNNING:
-                    rest.append(r)
-                else:
-                    r.sched_stamp = it
-            if not rest:
+            rest = _survivors(sim, order, queued, lone)
+            if rest is None:
                 break
             order = rest
             n = len(order)

@@ -28,9 +28,12 @@ from operator import add
 
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
+from sim.engine.cohort import FLUSH
+from sim.engine.request import RUNNING
 from sim.engine.speculative import PASS_CACHE
 
-MORE, DONE, STEP = "more", "done", "step"      # after a window: another, none (uniform steps ended), the loop
+# after a window: another, none (uniform steps ended), the step-by-step loop, completions (the order shrinks)
+MORE, DONE, STEP, FINISHED = "more", "done", "step", "finished"
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
 INF = math.inf
@@ -132,25 +135,31 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
-def _window(sim, now, order, mode, lefts, target, prices, arrival):
-    """Up to WINDOW uniform steps worked out request by request: step s, request i reads draw s n + i, so a
+def _window(sim, now, order, mode, lefts, target, draft, prices, arrival, tails):
+    """Up to WINDOW steady verify steps worked out request by request: step s, request i reads draw s n + i, so a
     request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
     KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
-    one loop over steps. Nothing is done (0 returned) when the window would be short, the drawn block runs out
-    within it, or the blocks the window could need at most do not fit the free ones (then a step could fall short:
-    the step-by-step loop decides). Returns (steps taken, the clock)."""
+    one loop over steps. The steps are uniform ones, and with `tails` (a lone replica, nothing queued) also
+    requests' last verify passes (k_eff = left - 1 < k drafts: those steps priced from their sums), up to the
+    first completion, which ends the window (FINISHED: the caller takes up the shorter order), or a request
+    left with one token (its plain decode is the loop's). Nothing is done (0 returned) when the window would be
+    short, the drawn block runs out within it, or the blocks the window could need at most do not fit the free
+    ones (then a step could fall short: the step-by-step loop decides). Returns (steps taken, the clock, what
+    follows)."""
     view, mem, spec = sim.view, sim.memory, sim.speculation
     n, k = len(order), spec.k
     k1 = k + 1
-    w = min(WINDOW, min(lefts) - k1)                # step s needs k + 2 tokens left; each step gains one at least
+    low = min(lefts)
+    # a step is uniform while every request has k + 2 tokens left or more; a tail step needs 2 (a verify pass)
+    w = min(WINDOW, low - (1 if tails else k1))     # each step gains one token at least
     stop = sim.max_iterations
     if stop:
         w = min(w, stop - view.iteration)
-    if w < MIN_WINDOW:
+    if w < (1 if tails and low <= k1 + MIN_WINDOW else MIN_WINDOW):
         return 0, now, STEP
     ms0 = [r.cached for r in order]
     pk = sum(ms0)
-    if arrival < INF:                               # every step takes target(pk) at least (Σ context only grows)
+    if arrival < INF:                               # every uniform step takes target(pk) at least
         w = min(w, int((arrival - now) / target(pk)) + 1)
         if w < MIN_WINDOW:
             return 0, now, STEP
@@ -166,15 +175,51 @@ def _window(sim, now, order, mode, lefts, target, prices, arrival):
         tail = draws[len(draws) - wn:]
         seqs = [tail[wn - 1 - i::-n] for i in range(n)]
     else:
-        seqs = [[mode + 1] * w] * n
+        seqs = [[mode + 1] * w for _ in range(n)]
     cums = [list(accumulate(g)) for g in seqs]
-    for left, cum in zip(lefts, cums):              # uniform while the tokens before a step <= left - k - 2
-        w = min(w, bisect_right(cum, left - k - 2) + 1)
+    t0 = w                                          # the first tail step
+    if tails:
+        for left, cum in zip(lefts, cums):          # up to the step ending with one token left or none
+            w = min(w, bisect_left(cum, left - 1) + 1)
+            if left <= k:
+                t0 = 0
+            else:                                   # its passes verify k drafts until it has k left or fewer
+                t0 = min(t0, bisect_left(cum, left - k) + 1)
+    else:
+        for left, cum in zip(lefts, cums):          # uniform while the tokens before a step <= left - k - 2
+            w = min(w, bisect_right(cum, left - k - 2) + 1)
     totals = list(map(sum, zip(*seqs)))
     # the steps' prices and ends (as the step-by-step loop prices them: the target's step plus the drafter's
     # passes; the clock's sequential float adds), none ending at or past the next arrival event (or, in a
     # cluster, past what the router has decided)
-    dts, ds, ends = prices(accumulate(totals[:w - 1], initial=pk), now, arrival)
+    pks = list(accumulate(totals[:w - 1], initial=pk))
+    dts, ds, ends = prices(pks[:t0] if t0 < w else pks, now, arrival)
+    partial = []                                    # (step, request, tokens) of tail passes with fewer than k drafts
+    if len(ends) == t0 < w:                         # tail steps: the loop's time_from_sums of their sums
+        time_from_sums = sim.costmodel.time_from_sums
+        end = ends[-1] if ends else now
+        for s in range(t0, w):
+            T = c2 = ck = 0
+            for i, (m0, left, cum) in enumerate(zip(ms0, lefts, cums)):
+                before = cum[s - 1] if s else 0
+                c = left - before
+                if c > k:
+                    c = k1
+                else:
+                    partial.append((s, i, c))
+                T += c
+                c2 += c * c
+                ck += c * (m0 + before)
+            p = pks[s]
+            d = draft(p) if draft is not None else 0.0
+            dt = time_from_sums(T, n, c2, ck, p, 0, 0) + d
+            end += dt
+            if end >= arrival:
+                break
+            dts.append(dt)
+            if ds is not None:
+                ds.append(d)
+            ends.append(end)
     steps = len(ends)
     clock = sim.arrival_clock
     if clock.cluster:                               # synced is monotone in the end time: the longest prefix
@@ -191,14 +236,29 @@ def _window(sim, now, order, mode, lefts, target, prices, arrival):
         return 0, now, DONE
     t = ends[-1]
     start0 = now
+    last = steps - 1
+    # completions: only at the window's last step (the first that ends one); a finishing pass keeps what was left
+    done = []
+    if tails and steps == w:
+        for i, (left, cum) in enumerate(zip(lefts, cums)):
+            if cum[last] >= left:
+                done.append(i)
+                g = seqs[i] = seqs[i][:steps]
+                over = cum[last] - left
+                g[last] -= over
+                cum[last] = left
+                totals[last] -= over
 
-    # KV: a request's reservation only grows over the window; if the largest fit, every step's does
+    # KV: a request's reservation (for its next k + 1 tokens, or all it has left) only grows over the window; if
+    # the largest fit, every step's does
     bs = mem.block_size
     held0 = [r.blocks for r in order]
     grow = 0
-    before_last = steps - 2
-    for b0, m0, cum in zip(held0, ms0, cums):
-        res = -(-(m0 + (cum[before_last] if steps > 1 else 0) + k1) // bs)
+    for b0, m0, cum, left in zip(held0, ms0, cums, lefts):
+        res = m0 + (cum[last - 1] if steps > 1 else 0) + k1
+        if res > m0 + left:
+            res = m0 + left
+        res = -(-res // bs)
         if res > b0:
             grow += res - b0
     free0 = mem.free_blocks
@@ -212,27 +272,29 @@ def _window(sim, now, order, mode, lefts, target, prices, arrival):
     events = []                                     # (step, request, blocks held, tokens kept): a trim
     delta = [0] * steps                             # blocks the window's requests hold after each step, less before
     produced = 0
-    last = steps - 1
     for i, (r, b0, m0, cum, g) in enumerate(zip(order, held0, ms0, cums, seqs)):
         got = cum[last]
+        left = lefts[i]
         produced += got
-        lefts[i] -= got
+        lefts[i] = left - got
         r.cached = m0 + got
         r.generated += got
         r.token_times.extend(chain.from_iterable(map(repeat, ends, g)))     # (ends has the steps taken)
         # step 0 from the blocks it holds (a reservation may have left more)
         m1 = m0 + cum[0]
-        held = -(-(m0 + k1) // bs)
+        held = m0 + k1 if k1 < left else m0 + left
+        held = -(-held // bs)
         if b0 > held:
             held = b0
         kept = -(-m1 // bs)
         if held > kept:
             events.append((0, i, held, m1))
         delta[0] += kept - b0
-        # then each block boundary B: steps starting within k1 tokens of it reserve the block past it, and give it
-        # back at their end while the tokens kept stay at or below B; the step that crosses B keeps it
+        # then each block boundary B below its last token: steps starting within k1 tokens of it reserve the
+        # block past it, and give it back at their end while the tokens kept stay at or below B; the step that
+        # crosses B keeps it
         B = kept * bs - m0                          # (relative to m0, as cum is)
-        while True:
+        while B < left:
             first = bisect_right(cum, B - k1) + 1   # the first step s >= 1 with m_s + k1 > B
             if first >= steps:
                 break
@@ -258,34 +320,56 @@ def _window(sim, now, order, mode, lefts, target, prices, arrival):
     kv0 = view.kv_cached_tokens
     view.kv_cached_tokens = kv0 + produced
     sim.tokens_generated += produced
-    # uniform steps: every request verified all k drafts
-    spec.verified_many(n * steps, n * k * steps, produced - n * steps, produced, n * steps, produced, freed)
+    # every request verified a pass each step: all k drafts, but for the tail passes (k_eff = k + 1 - their
+    # shortfall), and gained its accepted drafts plus one
+    partial = [(s, i, c) for s, i, c in partial if s < steps]
+    passes = n * steps
+    spec.verified_many(passes, n * k * steps - sum(k1 - c for _, _, c in partial), produced - passes, produced,
+                       passes - len(partial), produced - sum(seqs[i][s] for s, i, _ in partial), freed)
     used0 = mem.total_blocks - free0
     used = [(used0 + h) * bs for h in held_after]
-    running_n, queue_n = len(view.running), len(view.waiting) + len(view.swapped)
+    running, queue_n = view.running, len(view.waiting) + len(view.swapped)
+    running_n = len(running)
+    kv = list(accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens))
+    del kv[0]
+    if done:                                        # the plain loop's commit: completions, then the step's row
+        finish, spec_done = sim._finish, sim.spec_done
+        for i in done:
+            r = order[i]
+            finish(r, t, finalize=False)            # (TBT statistics later, with others': finalize_many)
+            spec_done.append((r, ()))
+            if len(spec_done) >= FLUSH:
+                sim.flush_spec_done()
+        running[:] = [r for r in running if r.state == RUNNING]
+        used[-1] = mem.used_tokens
+        kv[-1] = view.kv_cached_tokens - mem.offloaded_tokens
     if sim.record_iterations:
-        ends.insert(0, start0)                      # (the steps' starts from here on)
-        del ends[-1]
+        starts = [start0] + ends[:-1]
         const = repeat(n)
         zero = repeat(0)
-        kv = accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens)
-        next(kv)
-        sim.iter_rows.extend(zip(ends, dts, const, zero, const, repeat(running_n), repeat(queue_n), used, kv,
-                                 zero, zero, zero))
+        rows = sim.iter_rows
+        rows.extend(zip(starts, dts, const, zero, const, repeat(running_n), repeat(queue_n), used, kv,
+                        zero, zero, zero))
+        if done:
+            rows[-1] = rows[-1][:5] + (len(running),) + rows[-1][6:]
     else:
         tally = sim.tally
         tally.add(n, running_n, 0, steps)
+        if done:
+            tally.running += len(running) - running_n
         tally.kv_alloc_tokens += sum(used)
         top_used = max(used)
         if top_used > tally.kv_alloc_max:
             tally.kv_alloc_max = top_used
     sim.spec_walked_iterations += steps
     sim.spec_window_iterations += steps
+    if done:
+        return steps, t, FINISHED
     # more uniform steps may follow only when the window's own length stopped it
     return steps, t, MORE if steps == cap == WINDOW and w == cap else DONE
 
 
-def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict):
+def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict, tails: bool = False):
     """Take uniform steady verify steps of `order` from `now` (the last scheduled step's requests, the whole running
     set; with requests queued the caller has checked that n (k + 1) is the last scheduled step's token count).
     Returns (steps taken, the clock after them). `prices`: pricing by batch size n (Speculation.walk_prices), made
@@ -293,13 +377,13 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     view, mem, spec = sim.view, sim.memory, sim.speculation
     mode = spec.walk_draws(order)
     if mode is None:
-        return 0, now
+        return 0, now, False
     k = spec.k
     k1 = k + 1
     n = len(order)
     lefts = [r.output_tokens - r.generated for r in order]
-    if min(lefts) <= k1:
-        return 0, now
+    if min(lefts) <= (1 if tails and k1 <= mem.block_size else k1):
+        return 0, now, False
     fns = prices.get(n)
     if fns is None:
         passes: dict = {}
@@ -317,12 +401,12 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
     taken = 0
     if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
         while True:
-            steps, now, then = _window(sim, now, order, mode, lefts, target, window, arrival)
+            steps, now, then = _window(sim, now, order, mode, lefts, target, draft, window, arrival, tails)
             taken += steps
             if then is not MORE:
                 break
-        if then is DONE:
-            return taken, now
+        if then is DONE or then is FINISHED:
+            return taken, now, then is FINISHED
     walked = taken
     cluster = clock.cluster
     bs = mem.block_size
@@ -418,7 +502,7 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
                 used_max = used
         taken += 1
     if not taken:
-        return walked, now
+        return walked, now, False
     if fresh:
         spec._draws = draws
     for r, m, a, c in zip(order, ms, m0, caps):
@@ -441,4 +525,4 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict)
         if used_max > tally.kv_alloc_max:
             tally.kv_alloc_max = used_max
     sim.spec_walked_iterations += taken
-    return walked + taken, now
+    return walked + taken, now, False
