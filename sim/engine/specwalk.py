@@ -26,104 +26,121 @@ from functools import reduce
 from itertools import accumulate, chain, repeat
 from operator import add
 
+import numpy as np
+
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
 from sim.engine.cohort import FLUSH
 from sim.engine.request import RUNNING
-from sim.engine.speculative import PASS_CACHE
 
 # after a window: another, none (uniform steps ended), the step-by-step loop, completions (the order shrinks)
 MORE, DONE, STEP, FINISHED = "more", "done", "step", "finished"
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
+BLOCK = 256            # uniform steps' prices worked out together, by Σ context (step_price)
+PRICED_BLOCKS = 256    # blocks kept per batch size at most (then dropped; ~0.5 MB each)
 INF = math.inf
 
 
-def target_price(cm, n: int, k1: int):
-    """pk -> seconds of a step of n verify chunks of k1 tokens with Σ context pk: time_from_sums(n k1, n, n k1²,
-    k1 pk, pk, 0, 0), its float operations inlined for a roofline model."""
+def _roofline(cm) -> bool:
+    """A roofline model whose time_from_sums and cpu_time are the base ones (their float operations inlined below)."""
+    cls = type(cm)
+    return (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
+            and cls.cpu_time is CostModel.cpu_time)
+
+
+def step_price(cm, dcm, n: int, k: int, scale: float):
+    """pk -> (seconds, the drafter's part) of a uniform step, as the step-by-step loop prices it: n verify chunks of
+    k + 1 tokens with Σ context pk, time_from_sums(n (k + 1), n, n (k + 1)², (k + 1) pk, pk, 0, 0), plus (one
+    float add) the drafter's k one-token passes over n decodes reading pk + n, pk + 2n, ... tokens, each
+    time_from_sums(n, 0, 0, 0, 0, n, kv) - cpu_time(n), summed in that order and scaled as Speculation._sums_time
+    adds them (0.0 without a drafter: `dcm` None). A pure function of pk, kept once priced.
+
+    For a roofline target and drafter (smooth decode) the prices of BLOCK consecutive pks are worked out at once
+    with numpy: time_from_sums's float operations in its order, elementwise (IEEE's, the scalar floats); the
+    example's windows touch ~140 blocks for ~27,000 steps. Otherwise one pk at a time through the models' calls."""
+    k1 = k + 1
     T, c2 = n * k1, n * k1 * k1
-    cls = type(cm)
-    if not (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
-            and cls.cpu_time is CostModel.cpu_time):
-        f = cm.time_from_sums
-        return lambda pk: f(T, n, c2, k1 * pk, pk, 0, 0)
-    cm.time_from_sums(T, n, c2, 0, 0, 0, 0)              # grows the tables to T if they are short
-    a0, a1, a2, a3, a4 = cm._pre
-    A1, A2, A4 = a1 * c2, a2 * (T - 0), a4 * n
-    L, E, S = cm._layer[T], cm._emb[T], cm._step[n]
-    layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
+    f = cm.time_from_sums
+    f(T, n, c2, 0, 0, 0, 0)                                  # grows the tables to T if they are short
+    if dcm is not None:
+        dcm.time_from_sums(n, 0, 0, 0, 0, n, 1)
+    if _roofline(cm) and (dcm is None or _roofline(dcm) and not dcm._dec[5] and n not in dcm._small):
+        a0, a1, a2, a3, a4 = cm._pre
+        A1, A2, A4 = a1 * c2, a2 * (T - 0), a4 * n
+        L, E, S = cm._layer[T], cm._emb[T], cm._step[n]
+        layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
+        if dcm is not None:
+            c = dcm._dec
+            c0, occ, C2, c3, floor = c[0], dcm._occ[n], c[2] * n, c[3], dcm._kv_read_s
+            dL, dE, dS = dcm._layer[n], dcm._emb[n], dcm._step[n]
+            dlayers, dov, dcpu = dcm.layers, dcm.params_in_use["step_overhead_s"], dcm.cpu_time(n)
+        blocks: dict = {}
+
+        def fill(b):
+            pk = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
+            # time_from_sums: attn = 0.0, then += the prefill terms left to right; layer + layers*attn + emb + step
+            attn = 0.0 + ((((a0 * (k1 * pk) + A1) + A2) + a3 * pk) + A4)
+            t = (((((L + layers * attn) + E) + S) + ov) + cpu)
+            if dcm is None:
+                return list(zip((t + 0.0).tolist(), repeat(0.0)))
+            d = None
+            for i in range(1, k1):                            # a pass: smooth decode attention, less its CPU time
+                kv = pk + i * n
+                x = np.maximum(((kv * c0) * occ + C2) + c3, kv * floor)
+                x = (((((dL + dlayers * x) + dE) + dS) + dov) + dcpu) - dcpu
+                d = x if d is None else d + x
+            d = d * scale
+            return list(zip((t + d).tolist(), d.tolist()))
+
+        def price(pk):
+            b = pk // BLOCK
+            blk = blocks.get(b)
+            if blk is None:
+                if len(blocks) >= PRICED_BLOCKS:
+                    blocks.clear()
+                blk = blocks[b] = fill(b)
+            return blk[pk - b * BLOCK]
+        return price
+    known: dict = {}
+    passes: dict = {}                # a pass's seconds by KV read: a step's passes mostly repeat earlier ones'
+    dcpu = dcm.cpu_time(n) if dcm is not None else 0.0
 
     def price(pk):
-        # time_from_sums: attn = 0.0, then += the prefill terms left to right; layer + layers*attn + emb + step
-        attn = 0.0 + ((((a0 * (k1 * pk) + A1) + A2) + a3 * pk) + A4)
-        return (((L + layers * attn) + E) + S) + ov + cpu
+        p = known.get(pk)
+        if p is None:
+            d = 0.0
+            if dcm is not None:
+                d = None
+                for kv in range(pk + n, pk + k1 * n, n):
+                    x = passes.get(kv)
+                    if x is None:
+                        x = passes[kv] = dcm.time_from_sums(n, 0, 0, 0, 0, n, kv) - dcpu
+                    d = x if d is None else d + x
+                d *= scale
+            if len(known) >= PRICED_BLOCKS * BLOCK:
+                known.clear()
+                passes.clear()
+            p = known[pk] = (f(T, n, c2, k1 * pk, pk, 0, 0) + d, d)
+        return p
     return price
 
 
-def draft_pass(cm, n: int):
-    """kv -> seconds of one drafter pass over n one-token decodes reading kv tokens, as Speculation._sums_time
-    prices it: time_from_sums(n, 0, 0, 0, 0, n, kv) - cpu_time(n), inlined for a roofline model's smooth decode."""
-    cls = type(cm)
-    if not (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
-            and cls.cpu_time is CostModel.cpu_time and not cm._dec[5] and n not in cm._small):
-        f, cpu = cm.time_from_sums, cm.cpu_time(n)
-        return lambda kv: f(n, 0, 0, 0, 0, n, kv) - cpu
-    cm.time_from_sums(n, 0, 0, 0, 0, n, 1)               # grows the tables to n if they are short
-    c = cm._dec
-    c0, occ, C2, c3, floor = c[0], cm._occ[n], c[2] * n, c[3], cm._kv_read_s
-    L, E, S = cm._layer[n], cm._emb[n], cm._step[n]
-    layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
-
-    def price(kv):
-        attn = max(kv * c0 * occ + C2 + c3, kv * floor)
-        return ((((L + layers * attn) + E) + S) + ov + cpu) - cpu
-    return price
-
-
-def draft_price(dpass, n: int, k: int, scale: float, passes: dict):
-    """pk -> the drafter's seconds in a uniform step with Σ context pk: its k one-token passes read pk + n,
-    pk + 2n, ... tokens, summed in that order and scaled, as Speculation._sums_time adds them. A pass is looked up
-    in `passes` by its KV read once priced (a pure function of it: the same float); a step's passes mostly
-    repeat the last step's, which started a few tokens per request earlier."""
-    known = passes.get
-
-    def price(pk):
-        kv = pk + n
-        d = known(kv)
-        if d is None:
-            d = passes[kv] = dpass(kv)
-        for i in range(1, k):
-            x = known(kv + i * n)
-            if x is None:
-                x = passes[kv + i * n] = dpass(kv + i * n)
-            d += x
-        return d * scale
-    return price
-
-
-def window_prices(target, draft, steps: dict):
-    """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced as the step-by-step loop
-    prices them (target(pk) plus draft(pk), one float add; ds the drafter's parts, None without a drafter) and
-    their ends (the clock's sequential adds), up to the first step that would end at or past `arrival`. A step's
-    (price, drafter's part) is kept in `steps` by pk once priced (a pure function of it: the same floats); windows
-    revisit about half of them."""
-    known = steps.get
-
+def window_prices(price, drafter: bool):
+    """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced (price: step_price), the
+    drafter's parts (None without one), and their ends (the clock's sequential adds), up to the first step that
+    would end at or past `arrival`."""
     def prices(pks, now, arrival):
         dts, ds, ends = [], [], []
         for pk in pks:
-            p = known(pk)
-            if p is None:
-                d = draft(pk) if draft is not None else 0.0
-                p = steps[pk] = (target(pk) + d, d)
-            now += p[0]
+            dt, d = price(pk)
+            now += dt
             if now >= arrival:
                 break
-            dts.append(p[0])
-            ds.append(p[1])
+            dts.append(dt)
+            ds.append(d)
             ends.append(now)
-        return dts, ds if draft is not None else None, ends
+        return dts, ds if drafter else None, ends
     return prices
 
 
@@ -135,7 +152,7 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
-def _window(sim, now, order, mode, lefts, target, draft, prices, arrival, tails):
+def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails):
     """Up to WINDOW steady verify steps worked out request by request: step s, request i reads draw s n + i, so a
     request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
     KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
@@ -211,7 +228,7 @@ def _window(sim, now, order, mode, lefts, target, draft, prices, arrival, tails)
                 c2 += c * c
                 ck += c * (m0 + before)
             p = pks[s]
-            d = draft(p) if draft is not None else 0.0
+            d = price(p)[1]                         # (the drafter's passes: n decodes)
             dt = time_from_sums(T, n, c2, ck, p, 0, 0) + d
             end += dt
             if end >= arrival:
@@ -386,22 +403,18 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict,
         return 0, now, False
     fns = prices.get(n)
     if fns is None:
-        passes: dict = {}
-        target = target_price(sim.costmodel, n, k1)
-        draft = draft_price(draft_pass(dcm, n), n, k, scale, passes) if dcm is not None else None
-        fns = prices[n] = (target, passes, draft, {}, None)
-        fns = prices[n] = fns[:4] + (window_prices(target, draft, fns[3]),)
-    target, passes, draft, priced, window = fns
-    if len(passes) >= PASS_CACHE:
-        passes.clear()
-    if len(priced) >= PASS_CACHE:
-        priced.clear()
+        f, T, c2 = sim.costmodel.time_from_sums, n * k1, n * k1 * k1
+        price = step_price(sim.costmodel, dcm, n, k, scale)
+        # target: the target's part alone (a lower bound on every uniform step's time from pk on)
+        fns = prices[n] = (lambda pk: f(T, n, c2, k1 * pk, pk, 0, 0), price,
+                           window_prices(price, dcm is not None))
+    target, price, window = fns
     clock = sim.arrival_clock
     arrival = clock.time
     taken = 0
     if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
         while True:
-            steps, now, then = _window(sim, now, order, mode, lefts, target, draft, window, arrival, tails)
+            steps, now, then = _window(sim, now, order, mode, lefts, target, price, window, arrival, tails)
             taken += steps
             if then is not MORE:
                 break
@@ -439,17 +452,11 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict,
     draft_total = spec.draft_time_s
     low = min(lefts)
     while low > k1 and need <= free and taken != stop:
-        dt = target(pk)
-        if draft is not None:
-            d = draft(pk)
-            dt = dt + d
-        else:
-            dt = dt + 0.0
+        dt, d = price(pk)
         end = now + dt
         if end >= arrival or (cluster and not clock.synced(end)):
             break
-        if draft is not None:
-            draft_total += d
+        draft_total += d
         # the step: its reservations, then the commit (draws in the running order)
         if need:
             for i, e in pend:
