@@ -120,6 +120,8 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
                 draws = spec._draws        # (a block it refilled)
                 if max_it and view.iteration >= max_it:
                     break
+            if sim.arrived != arrived:     # its last step delivered an arrival, as the loop's step below would
+                break
             if finished:
                 rest = _survivors(sim, order, queued, lone)
                 if rest is None:

@@ -129,17 +129,17 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
 def window_prices(price, drafter: bool):
     """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced (price: step_price), the
     drafter's parts (None without one), and their ends (the clock's sequential adds), up to the first step that
-    would end at or past `arrival`."""
+    ends at or past `arrival`, included."""
     def prices(pks, now, arrival):
         dts, ds, ends = [], [], []
         for pk in pks:
             dt, d = price(pk)
             now += dt
-            if now >= arrival:
-                break
             dts.append(dt)
             ds.append(d)
             ends.append(now)
+            if now >= arrival:
+                break
         return dts, ds if drafter else None, ends
     return prices
 
@@ -207,12 +207,13 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
             w = min(w, bisect_right(cum, left - k - 2) + 1)
     totals = list(map(sum, zip(*seqs)))
     # the steps' prices and ends (as the step-by-step loop prices them: the target's step plus the drafter's
-    # passes; the clock's sequential float adds), none ending at or past the next arrival event (or, in a
-    # cluster, past what the router has decided)
+    # passes; the clock's sequential float adds), up to the first ending at or past the next arrival event: it
+    # delivers the arrival, as the loop's would, and ends the stretch (in a cluster: up to what the router has
+    # decided, before the arrival)
     pks = list(accumulate(totals[:w - 1], initial=pk))
     dts, ds, ends = prices(pks[:t0] if t0 < w else pks, now, arrival)
     partial = []                                    # (step, request, tokens) of tail passes with fewer than k drafts
-    if len(ends) == t0 < w:                         # tail steps: the loop's time_from_sums of their sums
+    if len(ends) == t0 < w and not (ends and ends[-1] >= arrival):     # tail steps: time_from_sums of their sums
         time_from_sums = sim.costmodel.time_from_sums
         end = ends[-1] if ends else now
         for s in range(t0, w):
@@ -231,15 +232,19 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
             d = price(p)[1]                         # (the drafter's passes: n decodes)
             dt = time_from_sums(T, n, c2, ck, p, 0, 0) + d
             end += dt
-            if end >= arrival:
-                break
             dts.append(dt)
             if ds is not None:
                 ds.append(d)
             ends.append(end)
+            if end >= arrival:
+                break
     steps = len(ends)
     clock = sim.arrival_clock
+    crossing = steps and ends[-1] >= arrival
     if clock.cluster:                               # synced is monotone in the end time: the longest prefix
+        if crossing:
+            steps -= 1
+            crossing = False
         lo, hi = 0, steps
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -360,6 +365,9 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
         running[:] = [r for r in running if r.state == RUNNING]
         used[-1] = mem.used_tokens
         kv[-1] = view.kv_cached_tokens - mem.offloaded_tokens
+    if crossing:                                    # the arrivals due by the last step's end (the plain loop's
+        sim._deliver(ends[-2] if steps > 1 else start0, t)      # delivery, before its commit: nothing here reads
+        queue_last = len(view.waiting) + len(view.swapped)      # the queue)
     if sim.record_iterations:
         starts = [start0] + ends[:-1]
         const = repeat(n)
@@ -367,8 +375,8 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
         rows = sim.iter_rows
         rows.extend(zip(starts, dts, const, zero, const, repeat(running_n), repeat(queue_n), used, kv,
                         zero, zero, zero))
-        if done:
-            rows[-1] = rows[-1][:5] + (len(running),) + rows[-1][6:]
+        if done or crossing:
+            rows[-1] = rows[-1][:5] + (len(running), queue_last if crossing else queue_n) + rows[-1][7:]
     else:
         tally = sim.tally
         tally.add(n, running_n, 0, steps)
@@ -383,7 +391,7 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
     if done:
         return steps, t, FINISHED
     # more uniform steps may follow only when the window's own length stopped it
-    return steps, t, MORE if steps == cap == WINDOW and w == cap else DONE
+    return steps, t, MORE if steps == cap == WINDOW and w == cap and not crossing else DONE
 
 
 def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict, tails: bool = False):
