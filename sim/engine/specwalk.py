@@ -37,8 +37,8 @@ from sim.engine.request import RUNNING
 MORE, DONE, STEP, FINISHED = "more", "done", "step", "finished"
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
-BLOCK = 256            # uniform steps' prices worked out together, by Σ context (step_price)
-PRICED_BLOCKS = 256    # blocks kept per batch size at most (then dropped; ~0.5 MB each)
+BLOCK = 512            # uniform steps' prices worked out together, by Σ context (step_price)
+PRICED_BLOCKS = 128    # blocks kept per batch size at most (then dropped; ~1 MB each)
 INF = math.inf
 
 
@@ -58,7 +58,7 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
 
     For a roofline target and drafter (smooth decode) the prices of BLOCK consecutive pks are worked out at once
     with numpy: time_from_sums's float operations in its order, elementwise (IEEE's, the scalar floats); the
-    example's windows touch ~140 blocks for ~27,000 steps. Otherwise one pk at a time through the models' calls."""
+    example's windows touch ~80 blocks for ~28,000 steps. Otherwise one pk at a time through the models' calls."""
     k1 = k + 1
     T, c2 = n * k1, n * k1 * k1
     f = cm.time_from_sums
@@ -83,7 +83,7 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
             attn = 0.0 + ((((a0 * (k1 * pk) + A1) + A2) + a3 * pk) + A4)
             t = (((((L + layers * attn) + E) + S) + ov) + cpu)
             if dcm is None:
-                return list(zip((t + 0.0).tolist(), repeat(0.0)))
+                return (t + 0.0).tolist(), [0.0] * BLOCK
             d = None
             for i in range(1, k1):                            # a pass: smooth decode attention, less its CPU time
                 kv = pk + i * n
@@ -91,17 +91,36 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
                 x = (((((dL + dlayers * x) + dE) + dS) + dov) + dcpu) - dcpu
                 d = x if d is None else d + x
             d = d * scale
-            return list(zip((t + d).tolist(), d.tolist()))
+            return (t + d).tolist(), d.tolist()
 
-        def price(pk):
-            b = pk // BLOCK
+        def block(b):
             blk = blocks.get(b)
             if blk is None:
                 if len(blocks) >= PRICED_BLOCKS:
                     blocks.clear()
                 blk = blocks[b] = fill(b)
-            return blk[pk - b * BLOCK]
-        return price
+            return blk
+
+        def price(pk):
+            b = pk // BLOCK
+            dts, ds = block(b)
+            return dts[pk - b * BLOCK], ds[pk - b * BLOCK]
+
+        def many(pks):
+            """A window's nondecreasing pks: their prices and drafter's parts, as lists, a block's run at a time."""
+            dts, ds = [], []
+            i, end = 0, len(pks)
+            while i < end:
+                b = pks[i] // BLOCK
+                base = b * BLOCK
+                j = bisect_left(pks, base + BLOCK, i)
+                bdts, bds = block(b)
+                at = [p - base for p in pks[i:j]]
+                dts += map(bdts.__getitem__, at)
+                ds += map(bds.__getitem__, at)
+                i = j
+            return dts, ds
+        return price, many
     known: dict = {}
     passes: dict = {}                # a pass's seconds by KV read: a step's passes mostly repeat earlier ones'
     dcpu = dcm.cpu_time(n) if dcm is not None else 0.0
@@ -123,23 +142,29 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
                 passes.clear()
             p = known[pk] = (f(T, n, c2, k1 * pk, pk, 0, 0) + d, d)
         return p
-    return price
 
-
-def window_prices(price, drafter: bool):
-    """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at Σ contexts pks priced (price: step_price), the
-    drafter's parts (None without one), and their ends (the clock's sequential adds), up to the first step that
-    ends at or past `arrival`, included."""
-    def prices(pks, now, arrival):
-        dts, ds, ends = [], [], []
-        for pk in pks:
-            dt, d = price(pk)
-            now += dt
+    def many(pks):
+        dts, ds = [], []
+        for dt, d in map(price, pks):
             dts.append(dt)
             ds.append(d)
-            ends.append(now)
-            if now >= arrival:
-                break
+        return dts, ds
+    return price, many
+
+
+def window_prices(many, drafter: bool):
+    """(pks, clock, arrival) -> (dts, ds, ends): a window's steps at nondecreasing Σ contexts pks priced (many:
+    step_price's), the drafter's parts (None without one), and their ends (the clock's sequential adds), up to the
+    first step that ends at or past `arrival`, included."""
+    def prices(pks, now, arrival):
+        if not pks:
+            return [], [] if drafter else None, []
+        dts, ds = many(pks)
+        ends = list(accumulate(dts, initial=now))
+        del ends[0]
+        steps = bisect_left(ends, arrival) + 1
+        if steps < len(ends):
+            del ends[steps:], dts[steps:], ds[steps:]
         return dts, ds if drafter else None, ends
     return prices
 
@@ -412,10 +437,10 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict,
     fns = prices.get(n)
     if fns is None:
         f, T, c2 = sim.costmodel.time_from_sums, n * k1, n * k1 * k1
-        price = step_price(sim.costmodel, dcm, n, k, scale)
+        price, many = step_price(sim.costmodel, dcm, n, k, scale)
         # target: the target's part alone (a lower bound on every uniform step's time from pk on)
         fns = prices[n] = (lambda pk: f(T, n, c2, k1 * pk, pk, 0, 0), price,
-                           window_prices(price, dcm is not None))
+                           window_prices(many, dcm is not None))
     target, price, window = fns
     clock = sim.arrival_clock
     arrival = clock.time
