@@ -229,35 +229,45 @@ class Speculation:
         self.freed_blocks += freed_blocks
 
     # -- cost -------------------------------------------------------------------------------------------------
+    def _drafter(self, steps: bool):
+        """(cost model, scale) pricing the drafter's passes, or None when a step with `steps` passes costs none."""
+        if not steps or self.cfg.method == "ngram":
+            return None
+        if self.draft_cm is not None:
+            return self.draft_cm, 1.0
+        return (self.target, self.fraction) if self.fraction else None
+
     def draft_time(self, prefill_tokens, prefill_context, decode_context) -> float:
         """Seconds the drafter adds to a step: one pass over the prefill chunks and the speculating decodes (one
         token each, at context m + 1), then k - 1 one-token passes over the decodes."""
-        if not decode_context and not prefill_tokens or self.cfg.method == "ngram":
-            return 0.0
-        if self.draft_cm is not None:
-            cm, scale = self.draft_cm, 1.0
-        elif self.fraction:
-            cm, scale = self.target, self.fraction
-        else:
-            return 0.0
-        n, d = len(prefill_tokens) + len(decode_context), len(decode_context)
         if self.sums:                  # the cost model prices a batch from its sums: no shapes to build
-            pt = sum(prefill_tokens)
-            c2 = sum(c * c for c in prefill_tokens)
-            ck = sum(c * m for c, m in zip(prefill_tokens, prefill_context))
-            return self._sums_time(cm, scale, pt, len(prefill_tokens), c2, ck, sum(prefill_context), d,
-                                   sum(decode_context))
-        else:
-            first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
-                               decode_context=list(decode_context))
-            t = cm.batch_time(first) - cm.cpu_time(n)
-            if decode_context:
-                ctx = np.asarray(decode_context, dtype=np.int64)
-                for i in range(1, self.k):
-                    t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
+            return self.draft_time_sums(sum(prefill_tokens), len(prefill_tokens),
+                                        sum(c * c for c in prefill_tokens),
+                                        sum(c * m for c, m in zip(prefill_tokens, prefill_context)),
+                                        sum(prefill_context), len(decode_context), sum(decode_context))
+        drafter = self._drafter(decode_context or prefill_tokens)
+        if drafter is None:
+            return 0.0
+        cm, scale = drafter
+        n, d = len(prefill_tokens) + len(decode_context), len(decode_context)
+        first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
+                           decode_context=list(decode_context))
+        t = cm.batch_time(first) - cm.cpu_time(n)
+        if decode_context:
+            ctx = np.asarray(decode_context, dtype=np.int64)
+            for i in range(1, self.k):
+                t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
         t *= scale
         self.draft_time_s += t
         return t
+
+    def draft_time_sums(self, pt, n_pre, c2, ck, pk, d, kv) -> float:
+        """draft_time from the step's integer sums (a sums-only drafter): its prefill chunks' tokens, count, Σc²,
+        Σc·m and Σm; its speculating decodes' count and Σ(m + 1)."""
+        drafter = self._drafter(d or n_pre)
+        if drafter is None:
+            return 0.0
+        return self._sums_time(drafter[0], drafter[1], pt, n_pre, c2, ck, pk, d, kv)
 
     def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
         """The drafter's passes priced from the batch's integer sums (a sums-only cost model). A one-token pass
