@@ -170,6 +170,28 @@ def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
     assert seen[1][1] > 0
 
 
+def test_a_window_runs_on_to_a_completion_and_takes_the_step_that_delivers_an_arrival():
+    """A lone replica with nothing queued: a window takes the short request's last verify pass (2 tokens left: one
+    draft, priced from the step's sums) and its completion, then the long one's steps up to the one during which
+    the third request arrives; token times, iterations and counters are the plain loop's."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=1.0)
+    runs = []
+    for fast in (False, True):
+        cm = (SumsTokenCost if fast else TokenCost)(**COST)
+        sim = Simulation(make_requests([(8, 11, 0.0), (8, 41, 0.0), (8, 5, 20.0)]), build_policy({"name": "vllm-v1"}),
+                         cm, KVCacheManager(400, 16), fast_forward=fast, keep_token_times=True,
+                         speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+        runs.append((sim, sim.run()))
+    (plain, a), (fast, b) = runs
+    assert a.iterations.equals(b.iterations) and a.requests.equals(b.requests) and a.summary == b.summary
+    assert [r.token_times for r in plain.all_requests] == [r.token_times for r in fast.all_requests]
+    # prefill 5 s; 2 x 4-token passes at 3 s; the last: 4 + 2 tokens, 2.5 s (request 0 done); then 2 s each
+    assert _times(fast)[-1] == 13.5
+    starts = b.iterations["start_s"].tolist()
+    assert starts[:9] == [0.0, 5.0, 8.0, 11.0, 13.5, 15.5, 17.5, 19.5, 21.5]     # 19.5 - 21.5: request 2 arrives
+    assert fast.spec_window_iterations >= 7          # 5.0 - 13.5 and 13.5 - 21.5: two windows
+
+
 def test_more_draws_keeps_the_generators_stream():
     """Draws read ahead by a window (a block put behind those left) come in the order refill() gives them."""
     cm = TokenCost(**COST)
