@@ -201,10 +201,8 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
         return 0, now, STEP
     ms0 = [r.cached for r in order]
     pk = sum(ms0)
-    if arrival < INF:                               # every uniform step takes target(pk) at least
-        w = min(w, int((arrival - now) / target(pk)) + 1)
-        if w < MIN_WINDOW:
-            return 0, now, STEP
+    if arrival < INF:                               # every uniform step takes target(pk) at least, so the step
+        w = min(w, int((arrival - now) / target(pk)) + 1)      # that delivers the arrival is within w (taken)
     cap = w
     fresh = mode == "rate"
     if fresh:
