@@ -177,7 +177,7 @@ def applies(sim) -> bool:
         and type(sim.memory).offloaded_tokens is KVCacheManager.offloaded_tokens
 
 
-def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails):
+def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
     """Up to WINDOW steady verify steps worked out request by request: step s, request i reads draw s n + i, so a
     request's gains over the window are a strided slice of the draws and its KV tokens their running sum; its
     KV blocks change only where that sum crosses a block boundary (found by bisection), the steps' prices are the
@@ -201,8 +201,8 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
         return 0, now, STEP
     ms0 = [r.cached for r in order]
     pk = sum(ms0)
-    if arrival < INF:                               # every uniform step takes target(pk) at least, so the step
-        w = min(w, int((arrival - now) / target(pk)) + 1)      # that delivers the arrival is within w (taken)
+    if arrival < INF:                               # every uniform step takes price(pk) at least (monotone in
+        w = min(w, int((arrival - now) / price(pk)[0]) + 1)    # pk), so the one delivering the arrival is within w
     cap = w
     fresh = mode == "rate"
     if fresh:
@@ -419,9 +419,10 @@ def _window(sim, now, order, mode, lefts, target, price, prices, arrival, tails)
 
 def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict, tails: bool = False):
     """Take uniform steady verify steps of `order` from `now` (the last scheduled step's requests, the whole running
-    set; with requests queued the caller has checked that n (k + 1) is the last scheduled step's token count).
-    Returns (steps taken, the clock after them). `prices`: pricing by batch size n (Speculation.walk_prices), made
-    on first use: the target's step, the drafter's pass and the drafter passes priced so far, by KV read."""
+    set; with requests queued the caller has checked that n (k + 1) is the last scheduled step's token count), and
+    with `tails` (a lone replica, nothing queued) requests' last verify passes up to a completion, in windows.
+    Returns (steps taken, the clock after them, whether requests completed: the caller takes up the rest).
+    `prices`: pricing by batch size n (Speculation.walk_prices), made on first use: step_price and the windows'."""
     view, mem, spec = sim.view, sim.memory, sim.speculation
     mode = spec.walk_draws(order)
     if mode is None:
@@ -434,18 +435,15 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict,
         return 0, now, False
     fns = prices.get(n)
     if fns is None:
-        f, T, c2 = sim.costmodel.time_from_sums, n * k1, n * k1 * k1
         price, many = step_price(sim.costmodel, dcm, n, k, scale)
-        # target: the target's part alone (a lower bound on every uniform step's time from pk on)
-        fns = prices[n] = (lambda pk: f(T, n, c2, k1 * pk, pk, 0, 0), price,
-                           window_prices(many, dcm is not None))
-    target, price, window = fns
+        fns = prices[n] = (price, window_prices(many, dcm is not None))
+    price, window = fns
     clock = sim.arrival_clock
     arrival = clock.time
     taken = 0
     if k1 <= mem.block_size:                        # (a step then reserves one block per request at most)
         while True:
-            steps, now, then = _window(sim, now, order, mode, lefts, target, price, window, arrival, tails)
+            steps, now, then = _window(sim, now, order, mode, lefts, price, window, arrival, tails)
             taken += steps
             if then is not MORE:
                 break
