@@ -5,19 +5,23 @@ sim/engine/specstretch.py takes steady verify steps one at a time with the gener
 are simpler: while every running request has more than k + 1 tokens left, each is scheduled with exactly 1 + k
 tokens and none can finish, so the batch's sums are fixed but for Σ context (pk): n verify chunks of k + 1 tokens,
 Σc² = n (k + 1)², Σc·m = (k + 1) pk; the drafter's one-token passes read pk + n, pk + 2n, ... tokens. Such steps
-are priced from pk alone (the cost model's own float operations, in its order, for a roofline model; a call per
-step otherwise) and worked out a window at a time (_window): step s, request i takes draw s n + i of the one
-generator's stream (the plain loop's order), so a request's gains over the window are a strided slice of the
-draws and its KV tokens their running sum; its KV blocks change only where that sum nears a block boundary (found
-by bisection: the block past it is reserved and, while the tokens kept stay below it, trimmed back at the step's
-end, at that step's clock, as the prefix cache stamps its frees); the clock is the steps' times added in order.
-Where a window does not apply (a short one, KV the window could need beyond the free blocks, block sizes under
-k + 1) the same steps go through a tight step-by-step loop (uniform_steps).
+are priced from pk alone (step_price: the cost model's own float operations, in its order, a block of pks at once
+with numpy for a roofline model; a call per pk otherwise) and worked out a window at a time (_window): step s,
+request i takes draw s n + i of the one generator's stream (the plain loop's order), so a request's gains over the
+window are a strided slice of the draws and its KV tokens their running sum; its KV blocks change only where that
+sum nears a block boundary (found by bisection: the block past it is reserved and, while the tokens kept stay
+below it, trimmed back at the step's end, at that step's clock, as the prefix cache stamps its frees); the clock
+is the steps' times added in order. On a lone replica with nothing queued a window also takes requests' last
+verify passes (fewer drafts: those steps priced from their sums) up to the first completion, which it commits as
+the plain loop does; and a window's last step may be the one that ends at or past the next arrival (it delivers
+the arrival; the stretch then ends). Where a window does not apply (a short one, KV the window could need beyond
+the free blocks, block sizes under k + 1) the same uniform steps go through a tight step-by-step loop
+(uniform_steps).
 
 Everything else is the plain loop's: reservations checked before each step, token times, counters, rows or
-tally. Uniform steps stop before a step that is not uniform (a request with k + 1 tokens or fewer left), whose
-blocks do not fit, that would end at or after the next arrival event (or, in a cluster, past what the router has
-decided) or pass max_iterations; specstretch's loop then takes that step."""
+tally. Windows stop before a step they cannot take (a plain decode, the last token of a request; a request near
+its end with requests queued; blocks that do not fit; in a cluster, a step past what the router has decided) or
+max_iterations; specstretch's loop then takes that step."""
 from __future__ import annotations
 
 import math
