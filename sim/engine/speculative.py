@@ -142,7 +142,8 @@ class Speculation:
         # min(G, k + 1) for a geometric G, whose accepted drafts min(G - 1, k) every pass clips further to its k_eff
         self._draws: list = []
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
-        self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
+        self.walk_prices: dict = {}            # batch size -> uniform steps' pricing (sim/engine/specwalk.py)
+        self.walk_kept: dict = {}              # the prices it has worked out, all batch sizes (bounded)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}

@@ -42,7 +42,7 @@ MORE, DONE, STEP, FINISHED = "more", "done", "step", "finished"
 WINDOW = 64            # uniform steps worked out at once at most (a stretch averages ~16 on the example)
 MIN_WINDOW = 4         # fewer: the step-by-step loop is cheaper than the window's set-up
 BLOCK = 512            # uniform steps' prices worked out together, by Σ context (step_price)
-PRICED_BLOCKS = 128    # blocks kept per batch size at most (then dropped; ~1 MB each)
+PRICED_BLOCKS = 256    # blocks kept at most, all batch sizes together (then dropped; ~32 KB each)
 INF = math.inf
 
 
@@ -53,12 +53,13 @@ def _roofline(cm) -> bool:
             and cls.cpu_time is CostModel.cpu_time)
 
 
-def step_price(cm, dcm, n: int, k: int, scale: float):
+def step_price(cm, dcm, n: int, k: int, scale: float, kept: dict):
     """pk -> (seconds, the drafter's part) of a uniform step, as the step-by-step loop prices it: n verify chunks of
     k + 1 tokens with Σ context pk, time_from_sums(n (k + 1), n, n (k + 1)², (k + 1) pk, pk, 0, 0), plus (one
     float add) the drafter's k one-token passes over n decodes reading pk + n, pk + 2n, ... tokens, each
     time_from_sums(n, 0, 0, 0, 0, n, kv) - cpu_time(n), summed in that order and scaled as Speculation._sums_time
-    adds them (0.0 without a drafter: `dcm` None). A pure function of pk, kept once priced.
+    adds them (0.0 without a drafter: `dcm` None). A pure function of pk, kept once priced in `kept` (shared by
+    every batch size of the run, keyed by it, and emptied when full: a few MB at most).
 
     For a roofline target and drafter (smooth decode) the prices of BLOCK consecutive pks are worked out at once
     with numpy: time_from_sums's float operations in its order, elementwise (IEEE's, the scalar floats); the
@@ -79,8 +80,6 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
             c0, occ, C2, c3, floor = c[0], dcm._occ[n], c[2] * n, c[3], dcm._kv_read_s
             dL, dE, dS = dcm._layer[n], dcm._emb[n], dcm._step[n]
             dlayers, dov, dcpu = dcm.layers, dcm.params_in_use["step_overhead_s"], dcm.cpu_time(n)
-        blocks: dict = {}
-
         def fill(b):
             pk = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
             # time_from_sums: attn = 0.0, then += the prefill terms left to right; layer + layers*attn + emb + step
@@ -98,11 +97,11 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
             return (t + d).tolist(), d.tolist()
 
         def block(b):
-            blk = blocks.get(b)
+            blk = kept.get((n, b))
             if blk is None:
-                if len(blocks) >= PRICED_BLOCKS:
-                    blocks.clear()
-                blk = blocks[b] = fill(b)
+                if len(kept) >= PRICED_BLOCKS:
+                    kept.clear()
+                blk = kept[n, b] = fill(b)
             return blk
 
         def price(pk):
@@ -125,12 +124,11 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
                 i = j
             return dts, ds
         return price, many
-    known: dict = {}
     passes: dict = {}                # a pass's seconds by KV read: a step's passes mostly repeat earlier ones'
     dcpu = dcm.cpu_time(n) if dcm is not None else 0.0
 
     def price(pk):
-        p = known.get(pk)
+        p = kept.get((n, pk))
         if p is None:
             d = 0.0
             if dcm is not None:
@@ -141,10 +139,10 @@ def step_price(cm, dcm, n: int, k: int, scale: float):
                         x = passes[kv] = dcm.time_from_sums(n, 0, 0, 0, 0, n, kv) - dcpu
                     d = x if d is None else d + x
                 d *= scale
-            if len(known) >= PRICED_BLOCKS * BLOCK:
-                known.clear()
+            if len(kept) >= PRICED_BLOCKS * BLOCK:
+                kept.clear()
                 passes.clear()
-            p = known[pk] = (f(T, n, c2, k1 * pk, pk, 0, 0) + d, d)
+            p = kept[n, pk] = (f(T, n, c2, k1 * pk, pk, 0, 0) + d, d)
         return p
 
     def many(pks):
@@ -439,7 +437,7 @@ def uniform_steps(sim, now: float, order: list, dcm, scale: float, prices: dict,
         return 0, now, False
     fns = prices.get(n)
     if fns is None:
-        price, many = step_price(sim.costmodel, dcm, n, k, scale)
+        price, many = step_price(sim.costmodel, dcm, n, k, scale, spec.walk_kept)
         fns = prices[n] = (price, window_prices(many, dcm is not None))
     price, window = fns
     clock = sim.arrival_clock
