@@ -10,7 +10,7 @@ Best of --repeat runs each, in this process; the ratio on/off is what issue #32 
 the exact fast paths off (speculation, LoRA, sessions) are also timed against the off run without them
 (sim.fast_forward false), which isolates the feature's own work.
 
-  PYTHONPATH=. python benchmarks/engines_cost.py [--repeat 3] [--out FILE]
+  PYTHONPATH=. python benchmarks/engines_cost.py [--repeat 3] [--cases speculative,...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -47,10 +47,16 @@ def timed(name, overrides, repeat):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (default: all)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "engines_cost.json"))
     args = ap.parse_args(argv)
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        ap.error(f"--cases: unknown {', '.join(unknown)}; allowed: {', '.join(CASES)}")
     rows = {}
-    for case, (name, on, off, slow_paths) in CASES.items():
+    for case in cases:
+        name, on, off, slow_paths = CASES[case]
         t_on, s_on = timed(name, on, args.repeat)
         t_off, s_off = timed(name, off, args.repeat)
         row = {"on_s": round(t_on, 4), "off_s": round(t_off, 4), "ratio": round(t_on / t_off, 3),

@@ -130,7 +130,9 @@ def test_uniform_steps_in_a_window_give_the_hand_worked_times_and_kv(fast):
     assert _times(sim) == [3.0] + [t for i in range(1, 11) for t in [3.0 + 2.0 * i] * 4]
     if fast:
         assert sim.fast_forward_iterations == 10             # every verify pass skips the scheduler
-        assert sim.spec_window_iterations == sim.spec_walked_iterations == 9   # 40..8 tokens left; 4: the loop
+        # 40..8 tokens left: uniform steps; 4 left: its last pass, which completes it, ends the window (a lone
+        # replica with nothing queued)
+        assert sim.spec_window_iterations == sim.spec_walked_iterations == 10
     s = res.summary
     assert (s["spec_steps"], s["spec_drafts_proposed"], s["spec_drafts_accepted"]) == (10, 30, 30)
     assert s["spec_freed_blocks"] == 0                       # every draft kept: nothing reserved goes back
@@ -147,12 +149,16 @@ def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
         cm = (SumsTokenCost if fast else TokenCost)(**COST)
         req = make_requests([(8, 60), (30, 45)])
         mem = KVCacheManager(200, 16)
-        trims, inner = [], mem.trim
+        trims, inner, inner_many = [], mem.trim, mem.release_tails
 
         def trim(r, tokens, mem=mem, trims=trims, inner=inner):
             trims.append((mem.clock, r.id, tokens, r.blocks))
             return inner(r, tokens)
-        mem.trim = trim
+
+        def release_tails(tails, trims=trims, inner=inner_many):       # a window's trims, given at once
+            trims.extend((when, r.id, tokens, held) for when, r, held, tokens in tails)
+            return inner(tails)
+        mem.trim, mem.release_tails = trim, release_tails
         sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
                          speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
         res = sim.run()
@@ -162,6 +168,28 @@ def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
             assert sim.spec_window_iterations > 20
     assert seen[0] == seen[1]
     assert seen[1][1] > 0
+
+
+def test_a_window_runs_on_to_a_completion_and_takes_the_step_that_delivers_an_arrival():
+    """A lone replica with nothing queued: a window takes the short request's last verify pass (2 tokens left: one
+    draft, priced from the step's sums) and its completion, then the long one's steps up to the one during which
+    the third request arrives; token times, iterations and counters are the plain loop's."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=1.0)
+    runs = []
+    for fast in (False, True):
+        cm = (SumsTokenCost if fast else TokenCost)(**COST)
+        sim = Simulation(make_requests([(8, 11, 0.0), (8, 41, 0.0), (8, 5, 20.0)]), build_policy({"name": "vllm-v1"}),
+                         cm, KVCacheManager(400, 16), fast_forward=fast, keep_token_times=True,
+                         speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+        runs.append((sim, sim.run()))
+    (plain, a), (fast, b) = runs
+    assert a.iterations.equals(b.iterations) and a.requests.equals(b.requests) and a.summary == b.summary
+    assert [r.token_times for r in plain.all_requests] == [r.token_times for r in fast.all_requests]
+    # prefill 5 s; 2 x 4-token passes at 3 s; the last: 4 + 2 tokens, 2.5 s (request 0 done); then 2 s each
+    assert _times(fast)[-1] == 13.5
+    starts = b.iterations["start_s"].tolist()
+    assert starts[:9] == [0.0, 5.0, 8.0, 11.0, 13.5, 15.5, 17.5, 19.5, 21.5]     # 19.5 - 21.5: request 2 arrives
+    assert fast.spec_window_iterations >= 7          # 5.0 - 13.5 and 13.5 - 21.5: two windows
 
 
 def test_more_draws_keeps_the_generators_stream():

@@ -430,6 +430,9 @@ class Simulation:
         """_batch_time with speculation: a decode scheduled with 1 + k tokens is a verify pass, priced as a chunk of
         that many tokens at its context; the drafter's passes are added (sim/engine/speculative.py)."""
         view = self.view
+        if self.spec_steady and not (view.step_swap_in or view.step_swap_out or view.step_hidden_recompute
+                                     or view.step_swap_hidden):
+            return self._spec_sums_time(batch)
         shape = BatchShape(swap_in_tokens=view.step_swap_in, swap_out_tokens=view.step_swap_out,
                            hidden_recompute_tokens=view.step_hidden_recompute)
         pt, pc, dc = shape.prefill_tokens, shape.prefill_context, shape.decode_context
@@ -459,6 +462,36 @@ class Simulation:
             shape.dequant_tokens = sum(dc) + sum(pc)
         t = self.costmodel.batch_time(shape) + self.speculation.draft_time(draft_pt, draft_pc, draft_dc)
         return t + view.step_disk_s, prefill, n_prefill, n_decode
+
+    def _spec_sums_time(self, batch):
+        """_spec_batch_time from the batch's integer sums (fast paths, sums-only target and drafter, no memory
+        action): the same floats, as accepts_decode_sums promises; the steady steps price theirs this way."""
+        n_pre = pt = c2 = ck = pk = n_dec = kv_read = prefill = n_prefill = 0
+        d_pt = d_c2 = d_ck = d_pk = d_dec = d_kv = 0     # the drafter's: prefill chunks, then speculating decodes
+        for r, c in zip(batch.reqs, batch.tokens):
+            m = r.cached
+            if m < r.input_tokens:
+                prefill += c
+                n_prefill += 1
+                d_pt += c
+                d_c2 += c * c
+                d_ck += c * m
+                d_pk += m
+            elif c == 1:
+                n_dec += 1
+                kv_read += m + 1
+                continue
+            else:                          # a verify pass: the last token and c - 1 drafts
+                d_dec += 1
+                d_kv += m + 1
+            n_pre += 1
+            pt += c
+            c2 += c * c
+            ck += c * m
+            pk += m
+        t = self.costmodel.time_from_sums(pt + n_dec, n_pre, c2, ck, pk, n_dec, kv_read) + \
+            self.speculation.draft_time_sums(d_pt, n_prefill, d_c2, d_ck, d_pk, d_dec, d_kv)
+        return t + self.view.step_disk_s, prefill, n_prefill, n_pre - n_prefill + n_dec
 
     def _deliver(self, start, end):
         """Queue the arrivals due before the replica resumes at `end` (fast paths: the ArrivalClock)."""

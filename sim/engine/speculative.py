@@ -138,9 +138,12 @@ class Speculation:
             self.fraction = 0.0
         self.rate = float(cfg.acceptance_rate)
         self.rng = np.random.default_rng([int(seed), 0x5EC])
-        self._draws: list = []                 # geometric draws taken from the generator a block at a time
+        # the rate's draws, a block at a time from the generator, each kept as the tokens of a full verify pass:
+        # min(G, k + 1) for a geometric G, whose accepted drafts min(G - 1, k) every pass clips further to its k_eff
+        self._draws: list = []
         self._passes: dict = {}                # (decodes, KV read) -> one-token draft pass's seconds (sums models)
-        self.walk_prices: dict = {}            # batch size -> uniform steps' prices (sim/engine/specwalk.py)
+        self.walk_prices: dict = {}            # batch size -> uniform steps' pricing (sim/engine/specwalk.py)
+        self.walk_kept: dict = {}              # the prices it has worked out, all batch sizes (bounded)
         cm = draft_cm if draft_cm is not None else target_cm
         self.sums = bool(cm.accepts_decode_sums())   # batch_time == time_from_sums of the shape's sums
         self.lists = {rid: list(seq) for rid, seq in cfg.accepted.items()}
@@ -171,17 +174,21 @@ class Speculation:
             return 0
         if not self._draws:
             self.refill()
-        return min(self._draws.pop(), k_eff)
+        return min(self._draws.pop() - 1, k_eff)
+
+    def _block(self) -> list:
+        """The generator's next 4096 draws at the rate as full verify passes' tokens, last first (for pop())."""
+        return np.minimum(self.rng.geometric(1.0 - self.rate, size=4096), self.k + 1).tolist()[::-1]
 
     def refill(self) -> list:
-        """The next block of geometric draws at the rate, last first (taken with pop())."""
-        self._draws = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        """The next block of draws (a full verify pass's tokens each), last first (taken with pop())."""
+        self._draws = self._block()
         return self._draws
 
     def more_draws(self) -> None:
         """Put the generator's next block behind the draws left, in place (the order pop() takes them is the one
         refill() would give); sim/engine/specwalk.py reads a window's draws ahead this way."""
-        self._draws[:0] = (self.rng.geometric(1.0 - self.rate, size=4096) - 1).tolist()[::-1]
+        self._draws[:0] = self._block()
 
     def walk_draws(self, reqs):
         """How uniform steps of `reqs` draw (sim/engine/specwalk.py): 'rate' (fresh draws from the generator), or
@@ -223,35 +230,45 @@ class Speculation:
         self.freed_blocks += freed_blocks
 
     # -- cost -------------------------------------------------------------------------------------------------
+    def _drafter(self, steps: bool):
+        """(cost model, scale) pricing the drafter's passes, or None when a step with `steps` passes costs none."""
+        if not steps or self.cfg.method == "ngram":
+            return None
+        if self.draft_cm is not None:
+            return self.draft_cm, 1.0
+        return (self.target, self.fraction) if self.fraction else None
+
     def draft_time(self, prefill_tokens, prefill_context, decode_context) -> float:
         """Seconds the drafter adds to a step: one pass over the prefill chunks and the speculating decodes (one
         token each, at context m + 1), then k - 1 one-token passes over the decodes."""
-        if not decode_context and not prefill_tokens or self.cfg.method == "ngram":
-            return 0.0
-        if self.draft_cm is not None:
-            cm, scale = self.draft_cm, 1.0
-        elif self.fraction:
-            cm, scale = self.target, self.fraction
-        else:
-            return 0.0
-        n, d = len(prefill_tokens) + len(decode_context), len(decode_context)
         if self.sums:                  # the cost model prices a batch from its sums: no shapes to build
-            pt = sum(prefill_tokens)
-            c2 = sum(c * c for c in prefill_tokens)
-            ck = sum(c * m for c, m in zip(prefill_tokens, prefill_context))
-            return self._sums_time(cm, scale, pt, len(prefill_tokens), c2, ck, sum(prefill_context), d,
-                                   sum(decode_context))
-        else:
-            first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
-                               decode_context=list(decode_context))
-            t = cm.batch_time(first) - cm.cpu_time(n)
-            if decode_context:
-                ctx = np.asarray(decode_context, dtype=np.int64)
-                for i in range(1, self.k):
-                    t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
+            return self.draft_time_sums(sum(prefill_tokens), len(prefill_tokens),
+                                        sum(c * c for c in prefill_tokens),
+                                        sum(c * m for c, m in zip(prefill_tokens, prefill_context)),
+                                        sum(prefill_context), len(decode_context), sum(decode_context))
+        drafter = self._drafter(decode_context or prefill_tokens)
+        if drafter is None:
+            return 0.0
+        cm, scale = drafter
+        n, d = len(prefill_tokens) + len(decode_context), len(decode_context)
+        first = BatchShape(prefill_tokens=list(prefill_tokens), prefill_context=list(prefill_context),
+                           decode_context=list(decode_context))
+        t = cm.batch_time(first) - cm.cpu_time(n)
+        if decode_context:
+            ctx = np.asarray(decode_context, dtype=np.int64)
+            for i in range(1, self.k):
+                t += cm.batch_time(BatchShape(decode_context=(ctx + i).tolist())) - cm.cpu_time(d)
         t *= scale
         self.draft_time_s += t
         return t
+
+    def draft_time_sums(self, pt, n_pre, c2, ck, pk, d, kv) -> float:
+        """draft_time from the step's integer sums (a sums-only drafter): its prefill chunks' tokens, count, Σc²,
+        Σc·m and Σm; its speculating decodes' count and Σ(m + 1)."""
+        drafter = self._drafter(d or n_pre)
+        if drafter is None:
+            return 0.0
+        return self._sums_time(drafter[0], drafter[1], pt, n_pre, c2, ck, pk, d, kv)
 
     def _sums_time(self, cm, scale, pt, n_pre, c2, ck, pk, d, kv) -> float:
         """The drafter's passes priced from the batch's integer sums (a sums-only cost model). A one-token pass

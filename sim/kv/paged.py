@@ -82,6 +82,19 @@ class KVCacheManager:
         req.blocks -= extra
         return extra
 
+    def release_tails(self, tails) -> int:
+        """trim at several steps' ends at once (sim/engine/specwalk.py): `tails` holds (time, request, blocks it
+        held then, tokens it kept) in time order; the caller keeps the requests' block counts. Returns the blocks
+        released."""
+        bs = self.block_size
+        freed = 0
+        for _, _, held, tokens in tails:
+            extra = held + (-tokens // bs)
+            if extra > 0:
+                freed += extra
+        self.free_blocks += freed
+        return freed
+
     def lending_ledger(self):
         """A ledger of blocks lent between requests' allocations on this manager (EconoServe, sim/kv/lending.py)."""
         from sim.kv.lending import LoanLedger

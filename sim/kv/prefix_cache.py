@@ -399,17 +399,28 @@ class PrefixCachingKVManager(KVCacheManager):
     def trim(self, req, tokens: int) -> int:
         """Release the blank tail blocks past those `tokens` need (rejected speculative drafts): decode blocks are
         never registered, so they return to the free queue as a blank run, evicted first."""
-        extra = req.blocks - self.blocks_for(tokens)
-        if extra <= 0:
-            return 0
-        if len(self.held.get(req.id, ())) > req.blocks - extra:
-            raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
-        self._blank -= 1
-        self.runs[self._blank] = extra
-        self.free_blocks += extra
-        self.pending.append((self.clock, req.id, [self._blank], extra))
+        extra = self.release_tails(((self.clock, req, req.blocks, tokens),))
         req.blocks -= extra
         return extra
+
+    def release_tails(self, tails) -> int:
+        """trim at several steps' ends at once (sim/engine/specwalk.py): (time, request, blocks it held then,
+        tokens it kept) in time order, each a blank run queued at its time; the caller keeps the requests' block
+        counts. Returns the blocks released."""
+        bs, runs, pending, registered = self.block_size, self.runs, self.pending, self.held
+        freed = 0
+        for when, req, held, tokens in tails:
+            extra = held + (-tokens // bs)
+            if extra <= 0:
+                continue
+            if len(registered.get(req.id, ())) > held - extra:
+                raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
+            self._blank -= 1
+            runs[self._blank] = extra
+            pending.append((when, req.id, [self._blank], extra))
+            freed += extra
+        self.free_blocks += freed
+        return freed
 
     def blocks_returned_on_free(self, req) -> int:
         """Blocks free(req) would return now: its own, not those other requests still hold."""
