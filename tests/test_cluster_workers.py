@@ -109,3 +109,10 @@ def test_auto_workers():
     assert big == min(decompose.cpu_count(), 100)
     assert decompose.worker_count("auto", 10 ** 7, 1) == 1
     assert decompose.worker_count(8, 10, 3) == 3                  # never more than the replicas with requests
+
+
+def test_small_chunks_give_the_same_tables(monkeypatch):
+    _, one = _run(_raw(workers=1))
+    monkeypatch.setattr(decompose, "CHUNK_REQUESTS", 50)        # a replica (about 130 requests) per task
+    _, many = _run(_raw(workers=2))
+    _same(one, many)

@@ -25,6 +25,9 @@ from sim.cluster.routers import checked_pick
 AUTO_MIN_REQUESTS = 50_000
 # tasks per worker: chunks small enough that the replicas' uneven lengths even out over the workers
 CHUNKS_PER_WORKER = 4
+# and at most about this many requests a chunk: a worker holds its chunk's tables (~300 bytes a request) until
+# the chunk is sent back, twice while it is pickled
+CHUNK_REQUESTS = 200_000
 
 
 def parse_workers(value, where: str = "cluster.workers"):
@@ -95,8 +98,8 @@ class Decomposed:
         c = self.cluster
         h = c.replicas[i]
         sim, ledger, reqs = h.sim, h.ledger, c.requests
-        for k in self.order[self.bounds[i]:self.bounds[i + 1]].tolist():
-            r = reqs[k]
+        mine = self.order[self.bounds[i]:self.bounds[i + 1]]
+        for r in reqs.take(mine) if c.stream else [reqs[k] for k in mine.tolist()]:
             ledger.send(r.id, r.prompt_tokens + r.output_tokens)
             if not sim.add_request(r):
                 ledger.finish(r.id)       # never runs there: the router learns at once (a 400)
@@ -111,7 +114,15 @@ class Decomposed:
             return
         global _JOB
         size = max(1, -(-len(used) // (workers * CHUNKS_PER_WORKER)))
-        chunks = [used[k:k + size] for k in range(0, len(used), size)]
+        chunks, chunk, held = [], [], 0
+        for i in used:                    # consecutive replicas, `size` or CHUNK_REQUESTS requests at most
+            n = int(self.bounds[i + 1] - self.bounds[i])
+            if chunk and (len(chunk) == size or held + n > CHUNK_REQUESTS):
+                chunks.append(chunk)
+                chunk, held = [], 0
+            chunk.append(i)
+            held += n
+        chunks.append(chunk)
         _JOB = self                       # what the forked workers inherit
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
