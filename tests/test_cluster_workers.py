@@ -116,3 +116,14 @@ def test_small_chunks_give_the_same_tables(monkeypatch):
     monkeypatch.setattr(decompose, "CHUNK_REQUESTS", 50)        # a replica (about 130 requests) per task
     _, many = _run(_raw(workers=2))
     _same(one, many)
+
+
+def test_cli_workers_flag(tmp_path, capsys):
+    import yaml
+    from sim.cli import main
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_raw(workers=1)))
+    assert main(["run", str(path), "--workers", "2"]) == 0
+    assert main(["run", str(path), "--workers", "two"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("servesim: error: --workers: expected auto")
