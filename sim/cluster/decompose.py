@@ -24,7 +24,7 @@ from sim.cluster.routers import checked_pick
 # a few tens of milliseconds) and the tables' trip back would cost about what the second core saves.
 AUTO_MIN_REQUESTS = 50_000
 # tasks per worker: chunks small enough that the replicas' uneven lengths even out over the workers
-CHUNKS_PER_WORKER = 4
+CHUNKS_PER_WORKER = 8
 # and at most about this many requests a chunk: a worker holds its chunk's tables (~300 bytes a request) until
 # the chunk is sent back, twice while it is pickled
 CHUNK_REQUESTS = 200_000
