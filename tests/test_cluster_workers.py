@@ -127,3 +127,11 @@ def test_cli_workers_flag(tmp_path, capsys):
     assert main(["run", str(path), "--workers", "two"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("servesim: error: --workers: expected auto")
+
+
+def test_a_placement_off_the_pool_is_one_line(monkeypatch):
+    from sim.cluster.routers import RoundRobin
+    monkeypatch.setattr(RoundRobin, "place", lambda self, n, replicas: np.full(n, replicas))
+    with pytest.raises(UserError, match=r"^cluster\.router: router 'round_robin' placed a request on replica 7, "
+                                        r"but the pool has 7 replicas"):
+        _run(_raw())

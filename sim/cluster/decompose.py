@@ -69,6 +69,10 @@ def placements(cluster) -> np.ndarray:
         picks = np.zeros(n, dtype=np.int64)
     else:
         picks = router.place(n, len(front))
+        if picks is not None and n and not 0 <= picks.min() <= picks.max() < len(front):
+            raise UserError(f"cluster.router: router {router.name!r} placed a request on replica "
+                            f"{picks.min() if picks.min() < 0 else picks.max()}, but the pool has {len(front)} "
+                            f"replicas (an index 0..{len(front) - 1})")
         if picks is None:
             picks = np.empty(n, dtype=np.int64)
             for i in range(n):
