@@ -135,3 +135,25 @@ def test_a_placement_off_the_pool_is_one_line(monkeypatch):
     with pytest.raises(UserError, match=r"^cluster\.router: router 'round_robin' placed a request on replica 7, "
                                         r"but the pool has 7 replicas"):
         _run(_raw())
+
+
+def test_a_worker_that_dies_is_one_line_not_a_hang(monkeypatch):
+    import os
+    run_replica = decompose.Decomposed.run_replica
+
+    def dies_on_3(self, i):
+        if i == 3:
+            os._exit(1)                   # (in a worker: what the kernel's OOM killer does)
+        run_replica(self, i)
+    monkeypatch.setattr(decompose.Decomposed, "run_replica", dies_on_3)
+    monkeypatch.setattr(decompose, "CHUNK_REQUESTS", 50)
+    with pytest.raises(UserError, match=r"^cluster\.workers: a worker process ended abruptly"):
+        _run(_raw(workers=2))
+
+
+def test_an_error_in_a_worker_reaches_the_caller(monkeypatch):
+    def fails(self, i):
+        raise UserError(f"replica {i} refused")
+    monkeypatch.setattr(decompose.Decomposed, "run_replica", fails)
+    with pytest.raises(UserError, match=r"^replica \d refused$"):
+        _run(_raw(workers=2))

@@ -4,15 +4,17 @@ Every request is placed first (the router's picks in arrival order, as the inter
 then each replica that got one is built, given its requests in arrival order and run with the single-replica loop
 on its own. Replicas share nothing while they run, so where and in what order they run changes nothing: the
 cluster's tables are made from each replica's, in replica order (sim/cluster/results.py). With `cluster.workers`
-above 1 the replicas run in a pool of forked processes, a chunk of replicas per task; a worker makes its
-replicas' requests from the workload's columns it inherited at the fork (nothing is sent to it but replica
-indices) and sends back each replica's tables, its router ledger and what the cluster tables read of its
-simulation (Finished), as each chunk completes."""
+above 1 the replicas run in a pool of forked processes (concurrent.futures: a worker that dies is an error, not a
+hang), a chunk of replicas per task; a worker makes its replicas' requests from the workload's columns it
+inherited at the fork (nothing is sent to it but replica indices) and sends back each replica's tables, its router
+ledger and what the cluster tables read of its simulation (Finished), as each chunk completes."""
 from __future__ import annotations
 
 import math
 import multiprocessing
 import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from types import SimpleNamespace
 
 import numpy as np
@@ -128,14 +130,22 @@ class Decomposed:
             held += n
         chunks.append(chunk)
         _JOB = self                       # what the forked workers inherit
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                for outcomes in pool.imap_unordered(_run_chunk, chunks):
-                    for i, result, ledger, finished in outcomes:
+            pending = {pool.submit(_run_chunk, chunk) for chunk in chunks}
+            while pending:                # each chunk's tables as it completes (then let go here)
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    for i, result, ledger, finished in f.result():
                         h = self.cluster.replicas[i]
                         h.result, h.ledger, h._sim = result, ledger, finished
+                done = f = None
+        except BrokenProcessPool:
+            raise UserError(f"cluster.workers: a worker process ended abruptly (out of memory?); run with fewer "
+                            f"workers than {workers}, or cluster.workers: 1") from None
         finally:
             _JOB = None
+            pool.shutdown(wait=False, cancel_futures=True)    # (an error: the chunks not started never run)
 
 
 class Finished:
