@@ -5,11 +5,12 @@ Cases (each in its own process, so peak RSS and wall time are clean):
            Sarathi and vLLM v1: a plain scenario vs the same scenario as a one-replica cluster (best of 3)
   fleet    1,000,000 Poisson requests with conv-like log-normal lengths at 3 req/s per replica over 100 A100
            replicas behind least-outstanding-tokens (the path every load-aware router takes), no iteration tables
-  fleet_rr the same behind round-robin: every replica runs on its own, the floor any router's run can reach
+  fleet_rr the same behind round-robin: every replica runs on its own, the floor any router's run can reach;
+           with more than one CPU, in worker processes (cluster.workers: auto; --workers N sets it)
   idle     40 requests on 20,000 replicas behind least_requests (--idle-replicas): what idle replicas cost
 
   PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,idle,fleet_rr,fleet] [--requests 1000000]
-      [--replicas 100] [--idle-replicas 20000] [--baseline DIR]
+      [--replicas 100] [--idle-replicas 20000] [--workers auto|N] [--baseline DIR]
 
 --baseline DIR runs each case also from another checkout (DIR, e.g. `git archive <commit> | tar -x -C DIR`), just
 before this one, and reports the ratios: on a shared machine only a ratio measured in one command means much.
@@ -57,7 +58,7 @@ def n1_case(repeats: int = 3) -> dict:
     return out
 
 
-def fleet_case(n_requests: int, replicas: int, router: str) -> dict:
+def fleet_case(n_requests: int, replicas: int, router: str, workers=None) -> dict:
     from sim.cluster.runner import run_scenario
     from sim.scenario.config import scenario_from_dict
     raw = {"name": "fleet", "seed": 0, "policy": {"name": "sarathi"}, "hardware": {"gpu": "a100-80gb"},
@@ -66,12 +67,18 @@ def fleet_case(n_requests: int, replicas: int, router: str) -> dict:
                         "prompt": {"dist": "lognormal", "mu": 6.633, "sigma": 0.985, "min": 2, "max": 4000},
                         "output": {"dist": "lognormal", "mu": 5.019, "sigma": 0.859, "min": 7, "max": 1000}},
            "cluster": {"replicas": replicas, "router": router}}
+    if workers is not None:
+        raw["cluster"]["workers"] = workers
     t0 = time.perf_counter()
     res = run_scenario(scenario_from_dict(raw))
     wall = time.perf_counter() - t0
     s = res.summary
+    worker_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2
     return {"requests": n_requests, "replicas": replicas, "router": router, "wall_s": round(wall, 1),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, 2),
+            # worker processes (cluster.workers): the largest one's peak, counting the pages it shares with the
+            # run's process (forked from it) as its own
+            **({"workers": workers, "worker_peak_rss_gib": round(worker_peak, 2)} if worker_peak else {}),
             "completed": int(s["completed"]), "infeasible": int(s["infeasible"]),
             "ttft_p99_s": round(float(s["ttft_p99"]), 4), "load_imbalance": round(float(s["load_imbalance"]), 4)}
 
@@ -98,6 +105,8 @@ def _run_one(root: Path, case: str, args):
     cmd = [sys.executable, str(root / "benchmarks" / "cluster_bench.py"), "--one", case, "--requests",
            str(args.requests), "--replicas", str(args.replicas), "--router", args.router, "--idle-replicas",
            str(args.idle_replicas)]
+    if args.workers is not None and root == REPO:      # (a baseline from before cluster.workers runs in one)
+        cmd += ["--workers", args.workers]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
@@ -120,16 +129,20 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--router", default="least_tokens")
     ap.add_argument("--idle-replicas", type=int, default=20000)
+    ap.add_argument("--workers", help="cluster.workers for the fleet cases (default: the scenario's, auto)")
     ap.add_argument("--baseline", help="another checkout to time the same cases from, in this command")
     ap.add_argument("--one", help=argparse.SUPPRESS)        # run one case in this process, print JSON
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cluster.json"))
     args = ap.parse_args(argv)
     if args.one:
         rec = (n1_case() if args.one == "n1" else idle_case(args.idle_replicas) if args.one == "idle" else
-               fleet_case(args.requests, args.replicas, "round_robin" if args.one == "fleet_rr" else args.router))
+               fleet_case(args.requests, args.replicas, "round_robin" if args.one == "fleet_rr" else args.router,
+                          None if args.workers is None else
+                          args.workers if args.workers == "auto" else int(args.workers)))
         print(json.dumps(rec))
         return 0
-    results = {}
+    out = Path(args.out)        # the cases not run this time keep their earlier records
+    results = {k: v for k, v in json.loads(out.read_text()).items() if k != "machine"} if out.exists() else {}
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         rec = None
         for root in ([Path(args.baseline).resolve()] if args.baseline else []) + [REPO]:

@@ -72,6 +72,10 @@ def cmd_run(args) -> int:
     from sim.scenario.config import load_scenario
     from sim.cluster.runner import run_scenario
     scn = load_scenario(args.scenario, args.set)
+    if args.workers is not None and scn.cluster:
+        from sim.cluster.decompose import parse_workers
+        w = args.workers.strip()
+        scn.cluster["workers"] = parse_workers(int(w) if w.lstrip("-").isdigit() else w, "--workers")
     if args.out:                    # a bad place to write fails now, not after the run
         from sim.paths import output_dir
         output_dir(args.out, create=False)
@@ -199,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("csv", "parquet"), default="csv")
     r.add_argument("--trace-out", metavar="FILE.json",
                    help="also write a Chrome/Perfetto trace: iterations, requests and KV use per replica")
+    r.add_argument("--workers", metavar="N|auto",
+                   help="a cluster whose router reads no replica state (round_robin, random) runs its replicas in N "
+                        "worker processes, the same tables (cluster.workers; default auto: one per CPU from "
+                        "50,000 requests); a one-replica scenario ignores it")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar of completed requests with ETA (default: on when stderr is a terminal)")
     r.set_defaults(func=cmd_run)

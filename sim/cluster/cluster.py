@@ -26,6 +26,7 @@ import numpy as np
 from costmodels.errors import UserError
 from sim.cluster.book import REQUESTS, TOKENS, LedgerBook
 from sim.cluster.clock import ReplicaClock
+from sim.cluster.decompose import Decomposed, parse_workers, worker_count
 from sim.cluster.ledger import LedgerError, RouterLedger
 from sim.cluster.links import build_link
 from sim.cluster.stream import RequestStream
@@ -61,6 +62,7 @@ class ClusterSpec:
     first_token: str = "decode"
     where: list = field(default_factory=list)   # each group's place in the YAML (cluster.replicas[1], ...)
     autoscale: object = None        # sim/cluster/autoscale.py's AutoscaleSpec: the serving set changes over time
+    workers: object = "auto"        # processes that run a decomposed cluster's replicas (sim/cluster/decompose.py)
 
     @property
     def disaggregated(self) -> bool:
@@ -115,10 +117,11 @@ def parse_cluster(raw: dict) -> ClusterSpec:
     where = "cluster"
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping")
-    bad = set(raw) - {"replicas", "router", "disaggregation", "autoscale"}
+    bad = set(raw) - {"replicas", "router", "disaggregation", "autoscale", "workers"}
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; allowed: replicas, router, "
-                        "disaggregation, autoscale")
+                        "disaggregation, autoscale, workers")
+    workers = parse_workers(raw.get("workers"), f"{where}.workers")
     if raw.get("autoscale") is not None and raw.get("disaggregation") is not None:
         raise UserError(f"{where}.autoscale: scales a co-located pool; not with disaggregation")
     dis = raw.get("disaggregation")
@@ -159,7 +162,7 @@ def parse_cluster(raw: dict) -> ClusterSpec:
             raise UserError(f"{where}.disaggregation.layerwise: expected true or false, got {layerwise!r}")
         return ClusterSpec(groups, raw.get("router"), dis.get("decode_router"),
                            build_link(dis.get("link"), f"{where}.disaggregation.link"), layerwise, first,
-                           [f"{where}.disaggregation.{p}" for p in (PREFILL, DECODE)])
+                           [f"{where}.disaggregation.{p}" for p in (PREFILL, DECODE)], workers=workers)
     reps = raw.get("replicas", 1)
     if isinstance(reps, list):
         if not reps:
@@ -174,7 +177,7 @@ def parse_cluster(raw: dict) -> ClusterSpec:
     if raw.get("autoscale") is not None:
         from sim.cluster.autoscale import parse_autoscale
         scale = parse_autoscale(raw["autoscale"], sum(count for _, count, _ in groups))
-    return ClusterSpec(groups, raw.get("router"), where=wheres, autoscale=scale)
+    return ClusterSpec(groups, raw.get("router"), where=wheres, autoscale=scale, workers=workers)
 
 
 def in_group(message: str, where: str, overrides: dict) -> str:
@@ -598,13 +601,10 @@ class Cluster:
         from sim.engine.loop import _quiet_gc
         if not self.lockstep and self.scaler is None and (self.router.stateless or len(self.front) == 1):
             # Decisions that read no replica state: place every request now and run each replica on its own
-            # (the single-replica loop itself: a one-replica cluster costs nothing extra).
-            while self.T < math.inf:
-                self._route_instant()
-            for h in self.replicas:
-                if h.built:                      # a replica never sent a request stays idle and unbuilt
-                    h.result = h.sim.run()
-                    h.sim.release_rows()         # (in its tables now)
+            # (the single-replica loop itself: a one-replica cluster costs nothing extra), in worker processes
+            # where the pool streams (what a worker sends back: sim/cluster/decompose.py)
+            job = Decomposed(self)
+            job.run(worker_count(self.spec.workers, len(self.requests), len(job.used())) if self.stream else 1)
             self._check_ledgers()
             return ClusterRun(self.replicas, self.handoffs, self.requests, self.spec)
         if self.T <= 0.0:                        # arrivals at 0 are queued before any replica first schedules

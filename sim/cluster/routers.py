@@ -52,6 +52,11 @@ class Router:
     def pick(self, req, replicas, now: float) -> int:    # pragma: no cover - interface
         raise NotImplementedError
 
+    def place(self, n: int, replicas: int):
+        """A stateless router's next n picks at once (an int array), the values n calls of pick would return;
+        None: pick is called per request (sim/cluster/decompose.py)."""
+        return None
+
 
 def _check_type(router: str, knob: str, value, kind) -> None:
     """A knob's value must have its default's type (an integer may stand for a float; a bool is not a number)."""
@@ -92,6 +97,11 @@ class RoundRobin(Router):
         self.next += 1
         return i
 
+    def place(self, n, replicas):
+        picks = (np.arange(self.next, self.next + n, dtype=np.int64)) % replicas
+        self.next += n
+        return picks
+
 
 class Random(Router):
     name = "random"
@@ -100,6 +110,10 @@ class Random(Router):
 
     def pick(self, req, replicas, now):
         return int(self.rng.integers(len(replicas)))
+
+    def place(self, n, replicas):
+        # the same draws, in the same order, as n calls of integers(replicas) (tests/test_cluster_workers.py)
+        return self.rng.integers(replicas, size=n)
 
 
 class LeastRequests(Router):

@@ -42,6 +42,20 @@ class RequestStream:
             self._at = i
         return self._req
 
+    def take(self, positions):
+        """The requests at these positions (an int array), each made as [i] makes it, without keeping any."""
+        cls, pred = self._cls, self._pred
+        cols = [self._ids[positions].tolist(), self._a[positions].tolist(), self._p[positions].tolist(),
+                self._o[positions].tolist()]
+        if cls is None and pred is None:
+            for rid, a, p, o in zip(*cols):
+                yield Request(rid, a, p, o)
+            return
+        names = cls[positions].tolist() if cls is not None else ["default"] * len(positions)
+        preds = pred[positions].tolist() if pred is not None else [None] * len(positions)
+        for rid, a, p, o, c, q in zip(*cols, names, preds):
+            yield Request(rid, a, p, o, cls=str(c), predicted_output_tokens=q)
+
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]

@@ -299,12 +299,15 @@ class Speculation:
         return merged_stats([self])
 
 
+# what merged_stats sums over replicas (a cluster's worker process sends these back: sim/cluster/decompose.py)
+COUNTERS = ("steps", "proposed", "accepted", "tokens", "full_steps", "full_tokens", "freed_blocks", "draft_time_s")
+
+
 def merged_stats(specs) -> dict:
     """Speculation counters summed over replicas (one replica: its own), ratios from the sums."""
     nan = float("nan")
     steps, proposed, accepted, tokens, full_steps, full_tokens, freed, draft = (
-        sum(getattr(s, k) for s in specs) for k in ("steps", "proposed", "accepted", "tokens", "full_steps",
-                                                    "full_tokens", "freed_blocks", "draft_time_s"))
+        sum(getattr(s, k) for s in specs) for k in COUNTERS)
     return {"spec_steps": steps, "spec_drafts_proposed": proposed, "spec_drafts_accepted": accepted,
             "spec_acceptance": accepted / proposed if proposed else nan,
             "spec_tokens_per_step": tokens / steps if steps else nan,
