@@ -157,3 +157,24 @@ def test_an_error_in_a_worker_reaches_the_caller(monkeypatch):
     monkeypatch.setattr(decompose.Decomposed, "run_replica", fails)
     with pytest.raises(UserError, match=r"^replica \d refused$"):
         _run(_raw(workers=2))
+
+
+
+def test_an_extension_that_picks_its_own_way_is_asked_request_by_request(monkeypatch):
+    """A subclass of random that overrides pick (and inherits place) is placed by its own pick, not its parent's:
+    every request lands where its pick says, with 1 or 2 workers."""
+    from sim.cluster import routers
+    from sim.cluster.decompose import _places_as_it_picks
+
+    class Last(routers.Random):
+        name = "last"
+
+        def pick(self, req, replicas, now):
+            return len(replicas) - 1
+
+    monkeypatch.setitem(routers.ROUTERS, "last", (Last, "the last replica, always"))
+    assert _places_as_it_picks(build_router("random", np.random.default_rng(0)))
+    assert not _places_as_it_picks(build_router("last", np.random.default_rng(0)))
+    for workers in (1, 2):
+        _, res = _run(_raw("last", workers=workers))
+        assert set(res.requests["replica"]) == {6}
