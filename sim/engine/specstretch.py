@@ -127,9 +127,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
                 rest = _survivors(sim, order, queued, lone)
                 if rest is None:
                     break
-                order = rest
-                n = len(order)
-                cs = [0] * n
+                order, n, cs = rest, len(rest), [0] * len(rest)
                 continue
         # the step's tokens, blocks to reserve and batch sums (as _spec_batch_time sums them); the reservations
         # are checked whole before any is made (a shortfall is the plain loop's preemption)
@@ -234,9 +232,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             rest = _survivors(sim, order, queued, lone)
             if rest is None:
                 break
-            order = rest
-            n = len(order)
-            cs = [0] * n
+            order, n, cs = rest, len(rest), [0] * len(rest)
             walkable = sim.spec_walk
     if taken:
         it = view.iteration
