@@ -91,7 +91,12 @@ def test_a_cut_short_run_keeps_its_unfinished_requests_in_the_table(monkeypatch)
     _same(streamed, listed)
 
 
-def test_retired_rows_are_the_request_objects_rows():
+@pytest.mark.parametrize("spill", [4096, 2, 1])
+def test_retired_rows_are_the_request_objects_rows(monkeypatch, spill):
+    """Rows retired to columns (in batches of `spill`: some in the columns, some still waiting) make the table the
+    Request objects make: every value, None times and a missing TBT as NaN, the reason "" for none."""
+    from sim.metrics import rowstore
+    monkeypatch.setattr(rowstore, "SPILL", spill)
     reqs = []
     for i, (out, tbt, reason) in enumerate([(5, (0.01, 0.02, 0.03), None), (1, None, None),
                                             (9, (0.5, 0.25, 1.0), "why"), (3, (1e-9, 2e-9, 3e-9), "")]):
@@ -99,10 +104,13 @@ def test_retired_rows_are_the_request_objects_rows():
         r.state, r.generated, r.tbt, r.reason = "done", out, tbt, reason
         r.first_scheduled_s, r.first_token_s, r.completion_s = 0.2 * i + 0.01, 0.2 * i + 0.05, 0.2 * i + 0.5
         r.evictions, r.swaps, r.evicted_tokens, r.hit_tokens = i, 2 * i, 3 * i, i - 1
+        if i == 1:                                # never scheduled: no times
+            r.state, r.first_scheduled_s, r.first_token_s, r.completion_s = "infeasible", None, None, None
         reqs.append(r)
     rows = RequestRows()
     for r in reqs[:3]:
         rows.append(r)
+    assert len(rows) == 3
     pd.testing.assert_frame_equal(request_table(reqs[3:], rows=rows), request_table(reqs), check_exact=True)
 
 
