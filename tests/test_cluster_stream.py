@@ -91,7 +91,7 @@ def test_a_cut_short_run_keeps_its_unfinished_requests_in_the_table(monkeypatch)
     _same(streamed, listed)
 
 
-@pytest.mark.parametrize("spill", [4096, 2, 1])
+@pytest.mark.parametrize("spill", [256, 2, 1])
 def test_retired_rows_are_the_request_objects_rows(monkeypatch, spill):
     """Rows retired to columns (in batches of `spill`: some in the columns, some still waiting) make the table the
     Request objects make: every value, None times and a missing TBT as NaN, the reason "" for none."""
