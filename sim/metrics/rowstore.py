@@ -20,8 +20,9 @@ OBJECT_FIELDS = ("cls", "state", "reason")
 
 # One finished request's row, read in one C call; rows wait as tuples and go to the typed columns SPILL at a time
 # (a transpose by zip), which costs a fraction of appending to nineteen arrays one value at a time. A waiting row
-# costs about 510 bytes against about 180 in the columns (tracemalloc), and every replica of a load-aware fleet holds its own waiting
-# rows at once: 256 keeps that near 128 MB for 1,000 replicas while a spill's fixed cost stays small per row.
+# costs about 510 bytes against about 180 in the columns (tracemalloc), and every replica of a load-aware fleet
+# holds its own waiting rows at once: 256 keeps that near 128 MB for 1,000 replicas while a spill's fixed cost
+# stays small per row.
 _ROW = attrgetter(*INT_FIELDS, "arrival_s", "first_scheduled_s", "first_token_s", "completion_s", "tbt", "cls",
                   "state", "reason")
 SPILL = 256
