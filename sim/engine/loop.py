@@ -12,7 +12,7 @@ import simpy
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from sim.engine.arrivals import ArrivalClock, SessionClock
-from sim.engine.cohort import DecodeCohort
+from sim.engine.cohort import FLUSH, DecodeCohort
 from sim.errors import SimulationStuck
 from sim.engine.fastforward import FastForward
 from sim.engine.itertally import IterationTally
@@ -1006,6 +1006,15 @@ class Simulation:
                 if self.flush_at:
                     self.cohort.flush_at = self.flush_at
             self.view.loose[:] = self.view.running
+
+    def finish_batched(self, r, t: float) -> None:
+        """_finish a request a steady verify step completed, its TBT statistics reduced later with others'
+        (flush_spec_done: finalize_many, the same floats)."""
+        self._finish(r, t, finalize=False)
+        done = self.spec_done
+        done.append((r, ()))
+        if len(done) >= FLUSH:
+            self.flush_spec_done()
 
     def flush_spec_done(self) -> None:
         """Reduce the waiting completions' token times to their TBT statistics together (finalize_request's

@@ -20,7 +20,6 @@ last verify passes to a completion and the step that delivers an arrival, are wo
 from __future__ import annotations
 
 from sim.engine import specwalk
-from sim.engine.cohort import FLUSH
 from sim.engine.request import RUNNING
 
 
@@ -87,7 +86,6 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     k = spec.k
     cluster = clock.cluster
     lone = not cluster and sim.sessions is None
-    done = sim.spec_done
     queued = bool(view.waiting or view.swapped)
     arrived = sim.arrived
     bs = mem.block_size
@@ -209,10 +207,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             generated += gained
             if g >= r.output_tokens:
                 if lone:               # its TBT statistics later, with others' (finalize_many: the same floats)
-                    sim._finish(r, now, finalize=False)
-                    done.append((r, ()))
-                    if len(done) >= FLUSH:
-                        sim.flush_spec_done()
+                    sim.finish_batched(r, now)
                 else:
                     sim._finish(r, now)
                 finished = True

@@ -34,7 +34,6 @@ import numpy as np
 
 from costmodels.base import CostModel
 from costmodels.roofline import RooflineCostModel
-from sim.engine.cohort import FLUSH
 from sim.engine.request import RUNNING
 
 # after a window: another, none (uniform steps ended), the step-by-step loop, completions (the order shrinks)
@@ -373,13 +372,8 @@ def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
     kv = list(accumulate(totals[:steps], initial=kv0 - mem.offloaded_tokens))
     del kv[0]
     if done:                                        # the plain loop's commit: completions, then the step's row
-        finish, spec_done = sim._finish, sim.spec_done
         for i in done:
-            r = order[i]
-            finish(r, t, finalize=False)            # (TBT statistics later, with others': finalize_many)
-            spec_done.append((r, ()))
-            if len(spec_done) >= FLUSH:
-                sim.flush_spec_done()
+            sim.finish_batched(order[i], t)
         running[:] = [r for r in running if r.state == RUNNING]
         used[-1] = mem.used_tokens
         kv[-1] = view.kv_cached_tokens - mem.offloaded_tokens
