@@ -384,29 +384,6 @@ class RooflineCostModel(CostModel):
         t = self._layer[n_tokens] + self.layers * attn + self._emb[n_tokens] + self._step[seqs]
         return t + self.params_in_use["step_overhead_s"] + self.cpu_time(seqs)
 
-    def time_from_sums_array(self, n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read):
-        """time_from_sums elementwise, where sum_ck, sum_k_prefill and kv_read may be numpy integer arrays (the
-        counts are one batch shape's): the same float operations in the same order, so each element is the scalar
-        call's float. None where the scalar path is not elementwise in them (decode attention that depends on the
-        context or is a small batch's table, a mixed batch's decode attention)."""
-        if n_tokens <= 0:
-            return None
-        if n_tokens > self._n_max:
-            self._grow(max(n_tokens, 2 * self._n_max))
-        seqs = n_prefill + n_decode
-        attn = 0.0
-        if n_decode:
-            c = self._dec
-            if (n_prefill and self._dec_mixed is not None) or c[5] or n_decode in self._small:
-                return None
-            attn = np.maximum(kv_read * c[0] * self._occ[n_decode] + c[2] * n_decode + c[3], kv_read * self._kv_read_s)
-        if n_prefill:
-            a = self._pre
-            attn = attn + (a[0] * sum_ck + a[1] * sum_c2 + a[2] * (n_tokens - n_decode) + a[3] * sum_k_prefill
-                           + a[4] * n_prefill)
-        t = self._layer[n_tokens] + self.layers * attn + self._emb[n_tokens] + self._step[seqs]
-        return t + self.params_in_use["step_overhead_s"] + self.cpu_time(seqs)
-
     def decode_stretch_times(self, cached, k: int, last_step=None):
         """k decode-only iterations in closed form, the same float operations as time_from_sums element by element."""
         if not self.accepts_decode_sums():

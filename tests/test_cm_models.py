@@ -302,23 +302,3 @@ def test_bad_costmodel_input_is_one_line():
         build_costmodel({"kind": "profiled"}, L7, A100, tp=3)
     with pytest.raises(UserError, match="unknown preset 'sglang'"):
         build_costmodel({"kind": "roofline", "overheads": "sglang"}, L7, A100)
-
-
-@pytest.mark.parametrize("model,gpu,tp", [("llama-3.1-8b", "h100-sxm", 1), ("llama-2-7b", "a100-80gb", 2),
-                                          ("mixtral-8x7b", "h100-sxm", 2)])
-def test_roofline_sums_elementwise_are_the_scalar_floats(model, gpu, tp):
-    """time_from_sums_array (what speculative windows price a block of Σ contexts with) gives, element by element,
-    exactly the float time_from_sums gives, for verify chunks (prefill-priced) and for decode passes; and says None
-    where the scalar path is not elementwise (a mixed batch's or a small batch's decode attention)."""
-    cm = build_costmodel({"kind": "roofline", "overheads": {"step_s": 1e-3}}, get_model(model), get_gpu(gpu), tp=tp)
-    pk = np.array([0, 1, 17, 511, 4096, 123457], dtype=np.int64)
-    for n, k1 in ((1, 2), (8, 4), (64, 5)):
-        chunks = cm.time_from_sums_array(n * k1, n, n * k1 * k1, k1 * pk, pk, 0, 0)
-        assert chunks.tolist() == [cm.time_from_sums(n * k1, n, n * k1 * k1, k1 * p, p, 0, 0) for p in pk.tolist()]
-        passes = cm.time_from_sums_array(n, 0, 0, 0, 0, n, pk + n)
-        if n in cm._small or cm._dec[5]:
-            assert passes is None
-        else:
-            assert passes.tolist() == [cm.time_from_sums(n, 0, 0, 0, 0, n, p + n) for p in pk.tolist()]
-    if cm._dec_mixed is not None:
-        assert cm.time_from_sums_array(9, 1, 64, 0, 0, 1, pk) is None

@@ -45,12 +45,10 @@ PRICED_BLOCKS = 256    # blocks kept at most, all batch sizes together (then dro
 INF = math.inf
 
 
-def _elementwise(cm) -> bool:
-    """A roofline model whose time_from_sums and cpu_time are the base ones, so its time_from_sums_array (the same
-    floats, elementwise) prices what a call per Σ context would."""
+def _roofline(cm) -> bool:
+    """A roofline model whose time_from_sums and cpu_time are the base ones (their float operations inlined below)."""
     cls = type(cm)
     return (isinstance(cm, RooflineCostModel) and cls.time_from_sums is RooflineCostModel.time_from_sums
-            and cls.time_from_sums_array is RooflineCostModel.time_from_sums_array
             and cls.cpu_time is CostModel.cpu_time)
 
 
@@ -63,7 +61,7 @@ def step_price(cm, dcm, n: int, k: int, scale: float, kept: dict):
     every batch size of the run, keyed by it, and emptied when full: a few MB at most).
 
     For a roofline target and drafter (smooth decode) the prices of BLOCK consecutive pks are worked out at once
-    by the model's time_from_sums_array (its scalar float operations, elementwise: the scalar floats); the
+    with numpy: time_from_sums's float operations in its order, elementwise (IEEE's, the scalar floats); the
     example's windows touch ~80 blocks for ~28,000 steps. Otherwise one pk at a time through the models' calls."""
     k1 = k + 1
     T, c2 = n * k1, n * k1 * k1
@@ -71,19 +69,28 @@ def step_price(cm, dcm, n: int, k: int, scale: float, kept: dict):
     f(T, n, c2, 0, 0, 0, 0)                                  # grows the tables to T if they are short
     if dcm is not None:
         dcm.time_from_sums(n, 0, 0, 0, 0, n, 1)
-    probe = np.zeros(1, dtype=np.int64)
-    if _elementwise(cm) and (dcm is None or _elementwise(dcm)
-                             and dcm.time_from_sums_array(n, 0, 0, 0, 0, n, probe) is not None):
-        dcpu = dcm.cpu_time(n) if dcm is not None else 0.0
-
+    if _roofline(cm) and (dcm is None or _roofline(dcm) and not dcm._dec[5] and n not in dcm._small):
+        a0, a1, a2, a3, a4 = cm._pre
+        A1, A2, A4 = a1 * c2, a2 * (T - 0), a4 * n
+        L, E, S = cm._layer[T], cm._emb[T], cm._step[n]
+        layers, ov, cpu = cm.layers, cm.params_in_use["step_overhead_s"], cm.cpu_time(n)
+        if dcm is not None:
+            c = dcm._dec
+            c0, occ, C2, c3, floor = c[0], dcm._occ[n], c[2] * n, c[3], dcm._kv_read_s
+            dL, dE, dS = dcm._layer[n], dcm._emb[n], dcm._step[n]
+            dlayers, dov, dcpu = dcm.layers, dcm.params_in_use["step_overhead_s"], dcm.cpu_time(n)
         def fill(b):
             pk = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
-            t = cm.time_from_sums_array(T, n, c2, k1 * pk, pk, 0, 0)
+            # time_from_sums: attn = 0.0, then += the prefill terms left to right; layer + layers*attn + emb + step
+            attn = 0.0 + ((((a0 * (k1 * pk) + A1) + A2) + a3 * pk) + A4)
+            t = (((((L + layers * attn) + E) + S) + ov) + cpu)
             if dcm is None:
                 return (t + 0.0).tolist(), [0.0] * BLOCK
             d = None
-            for i in range(1, k1):                            # a pass over n decodes, less its CPU time
-                x = dcm.time_from_sums_array(n, 0, 0, 0, 0, n, pk + i * n) - dcpu
+            for i in range(1, k1):                            # a pass: smooth decode attention, less its CPU time
+                kv = pk + i * n
+                x = np.maximum(((kv * c0) * occ + C2) + c3, kv * floor)
+                x = (((((dL + dlayers * x) + dE) + dS) + dov) + dcpu) - dcpu
                 d = x if d is None else d + x
             d = d * scale
             return (t + d).tolist(), d.tolist()
