@@ -388,3 +388,26 @@ def test_a_cluster_takes_steady_verify_steps_with_the_plain_tables(router, monke
     assert runs[0].requests.equals(runs[1].requests) and runs[0].iterations.equals(runs[1].iterations)
     assert runs[1].summary["spec_steps"] == runs[0].summary["spec_steps"] > 0
     assert steady[0] > 0.5 * len(runs[1].iterations)       # most steps were steady ones
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (8, 3), (64, 4)])
+def test_window_prices_are_the_step_by_step_floats(n, k):
+    """specwalk's uniform-step prices (a roofline target and drafter worked out a block of Σ contexts at once with
+    numpy) equal, float for float, what a step-by-step verify step costs: time_from_sums of n chunks of k + 1
+    tokens, plus the drafter's k one-token passes (time_from_sums less its CPU time) summed in order and scaled.
+    A change to the roofline's formula that the inlined copy misses fails here."""
+    from costmodels import build_costmodel, get_gpu, get_model
+    from sim.engine.specwalk import step_price
+    cm = build_costmodel({"kind": "roofline", "overheads": {"step_s": 1e-3}}, get_model("llama-3.1-8b"),
+                         get_gpu("h100-sxm"))
+    scale, k1 = 0.07, k + 1
+    price, many = step_price(cm, cm, n, k, scale, {})
+    pks = [0, 1, 511, 512, 4096, 123457]
+    for pk in pks:
+        d = None
+        for i in range(1, k1):
+            x = cm.time_from_sums(n, 0, 0, 0, 0, n, pk + i * n) - cm.cpu_time(n)
+            d = x if d is None else d + x
+        d *= scale
+        assert price(pk) == (cm.time_from_sums(n * k1, n, n * k1 * k1, k1 * pk, pk, 0, 0) + d, d)
+    assert many(pks) == ([price(p)[0] for p in pks], [price(p)[1] for p in pks])
