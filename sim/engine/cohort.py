@@ -156,7 +156,11 @@ class DecodeCohort:
         if f <= min(last, self.steps):      # it was taking blocks
             self.taking[f % self.block_size] -= 1
         elif f <= last:                     # it was still to take its first
-            self.first_block[f] -= 1
+            left = self.first_block[f] - 1
+            if left:
+                self.first_block[f] = left
+            else:                           # no one left to take a block then: every key is a step to come
+                del self.first_block[f]
 
     def _remove(self, r) -> None:
         self._settle(r)
