@@ -90,11 +90,15 @@ def unspan(items) -> list:
         reps += [1] * len(rest)
         r.token_times, r.spans = [], None
     if spanned:
-        reps = np.frombuffer(array("q", reps), dtype=np.int64)      # (array: unboxed in C, no dtype discovery)
+        # (bytes and array unbox in C, without numpy's per-item type discovery; tokens per step are few)
+        try:
+            reps = np.frombuffer(bytes(reps), np.uint8)
+        except ValueError:
+            reps = np.frombuffer(array("q", reps), np.int64)
         flat = np.repeat(np.frombuffer(array("d", vals)), reps)
-        parts = np.split(flat, np.cumsum(np.add.reduceat(reps, starts))[:-1].tolist())
-        for i, t in zip(spanned, parts):
-            out[i] = (out[i], t)
+        ends = np.add.reduceat(reps, starts, dtype=np.int64).cumsum().tolist()
+        for i, a, b in zip(spanned, [0] + ends, ends):
+            out[i] = (out[i], flat[a:b])
     return out
 
 
