@@ -192,6 +192,54 @@ def test_a_window_runs_on_to_a_completion_and_takes_the_step_that_delivers_an_ar
     assert fast.spec_window_iterations >= 7          # 5.0 - 13.5 and 13.5 - 21.5: two windows
 
 
+def test_deferred_token_times_are_written_out_in_order():
+    """A window leaves a request's token times as runs (Request.spans: at, step ends, tokens per step) placed before
+    token_times[at]; finalizing writes them out among the times appended one by one, then the tail, with the TBT
+    statistics of the written-out list."""
+    from sim.engine.request import Request
+    from sim.metrics import finalize_many, finalize_request, settle_spans
+    want = [1.0, 3.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.5, 6.0, 7.0, 8.0, 8.0]
+
+    def spanned(i):
+        r = Request(i, 0.0, 1, 13)
+        r.token_times = [1.0, 5.5, 6.0]
+        # two runs before 5.5 (the second window's counts run past its one step), one after 6.0
+        r.spans = [(1, [3.0, 4.0], [2, 1]), (1, [5.0], [3, 4]), (3, [7.0, 8.0], [1, 2])]
+        return r
+    r = spanned(0)
+    settle_spans([r])
+    assert r.token_times == want and r.spans is None
+    plain = Request(1, 0.0, 1, 13)
+    plain.token_times = want[:5]
+    finalize_request(plain, True, np.array(want[5:] + [9.0]))
+    one = spanned(2)
+    finalize_request(one, True, np.array([9.0]))
+    assert one.token_times == want + [9.0] and one.tbt == plain.tbt
+    # batched: spanned requests among plain ones, equal token counts reduced together
+    items = [(spanned(3), np.array([9.0])), (Request(4, 0.0, 1, 13), np.array(want + [9.0])), (spanned(5), ())]
+    finalize_many(items, True)
+    assert [r.token_times for r, _ in items] == [want + [9.0], want + [9.0], want]
+    assert items[0][0].tbt == items[1][0].tbt == plain.tbt and items[2][0].spans is None
+
+
+def test_a_run_cut_short_keeps_the_token_times_windows_deferred():
+    """max_iterations stops a run with requests mid-decode: their token times, part of them deferred by windows,
+    are the plain loop's (written out when the result is built)."""
+    cfg = dict(method="ngram", k=3, acceptance_rate=0.7)
+    runs = []
+    for fast in (False, True):
+        cm = (SumsTokenCost if fast else TokenCost)(**COST)
+        sim = Simulation(make_requests([(8, 300), (20, 400)]), build_policy({"name": "vllm-v1"}), cm,
+                         KVCacheManager(2000, 16), fast_forward=fast, max_iterations=60,
+                         speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))
+        res = sim.run()
+        runs.append(([r.token_times for r in sim.all_requests], res.requests))
+        if fast:
+            assert sim.spec_window_iterations > 30 and not any(r.completion_s for r in sim.all_requests)
+    assert runs[0][0] == runs[1][0] and len(runs[0][0][0]) > 60
+    assert runs[0][1].equals(runs[1][1])
+
+
 def test_more_draws_keeps_the_generators_stream():
     """Draws read ahead by a window (a block put behind those left) come in the order refill() gives them."""
     cm = TokenCost(**COST)

@@ -18,7 +18,7 @@ from sim.engine.fastforward import FastForward
 from sim.engine.itertally import IterationTally
 from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
-from sim.metrics import SimResult, finalize_many, finalize_request
+from sim.metrics import SimResult, finalize_many, finalize_request, settle_spans
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
 from sim.engine import specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
@@ -1087,6 +1087,8 @@ class Simulation:
             self.cohort.materialize()
         if self.rows is not None:
             self.all_requests = self.live_requests()
+        if self.spec_walk:              # requests cut short (or dropped) with token times a window deferred
+            settle_spans(self.all_requests)
         return SimResult.from_simulation(self)
 
     def run(self):

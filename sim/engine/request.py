@@ -10,7 +10,7 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "cls", "predicted_output_tokens",
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
-                 "last_token_s", "token_times", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
+                 "last_token_s", "token_times", "spans", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
                  "cohort", "prefix", "chain", "hit", "hit_tokens", "after", "think_s", "followers", "adapter", "seq")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
@@ -36,6 +36,7 @@ class Request:
         self.completion_s = None
         self.last_token_s = None
         self.token_times = []
+        self.spans = None                           # token times deferred by speculative windows (metrics/tokens.py)
         self.evictions = 0
         self.swaps = 0
         self.evicted_tokens = 0                     # KV tokens thrown away by recompute preemption

@@ -18,8 +18,9 @@ the arrival; the stretch then ends). Where a window does not apply (a short one,
 the free blocks, block sizes under k + 1) the same uniform steps go through a tight step-by-step loop
 (uniform_steps).
 
-Everything else is the plain loop's: reservations checked before each step, token times, counters, rows or
-tally. Windows stop before a step they cannot take (a plain decode, the last token of a request; a request near
+Everything else is the plain loop's: reservations checked before each step, counters, rows or tally; a request's
+token times over a window are kept as a run (Request.spans: the window's step ends, its tokens per step), written
+out with others' when its TBT statistics are worked out (sim/metrics/tokens.py: unspan), the same floats. Windows stop before a step they cannot take (a plain decode, the last token of a request; a request near
 its end with requests queued; blocks that do not fit; in a cluster, a step past what the router has decided) or
 max_iterations; specstretch's loop then takes that step."""
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from functools import reduce
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, repeat
 from operator import add
 
 import numpy as np
@@ -325,7 +326,11 @@ def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
         lefts[i] = left - got
         r.cached = m0 + got
         r.generated += got
-        r.token_times.extend(chain.from_iterable(map(repeat, ends, g)))     # (ends has the steps taken)
+        # its token times, ends[s] g[s] times for each step s, are written out at its completion with others'
+        # (sim/metrics/tokens.py: unspan)
+        if r.spans is None:
+            r.spans = []
+        r.spans.append((len(r.token_times), ends, g))
         # step 0 from the blocks it holds (a reservation may have left more)
         m1 = m0 + cum[0]
         held = m0 + k1 if k1 < left else m0 + left

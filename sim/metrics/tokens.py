@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -11,6 +12,8 @@ NAN = float("nan")
 def finalize_request(r, keep_token_times: bool = False, tail=None) -> None:
     """Reduce a finished request's token times (r.token_times, then the float array `tail` if given: the decode
     cohort's) to its TBT statistics, exactly as numpy's mean and percentile of np.diff would; memory stays flat."""
+    if r.spans:
+        (_, tail), = unspan([(r, () if tail is None else tail)])
     t = np.array(r.token_times, dtype=float) if tail is None else np.concatenate((r.token_times, tail))
     n = len(t) - 1                         # gaps
     if n > 0:
@@ -32,6 +35,8 @@ def finalize_request(r, keep_token_times: bool = False, tail=None) -> None:
 def finalize_many(items, keep_token_times: bool = False) -> None:
     """finalize_request for many (request, tail) pairs at once, the same floats: requests with equal token
     counts go through numpy together, row-wise (add.reduce along rows is the same pairwise sum as on one row)."""
+    if any(r.spans for r, _ in items):
+        items = unspan(items)
     by_count: dict = {}
     for r, tail in items:
         by_count.setdefault(len(r.token_times) + len(tail), []).append((r, tail))
@@ -55,6 +60,54 @@ def finalize_many(items, keep_token_times: bool = False) -> None:
         for (r, _), tbt, times in zip(group, stats, t.tolist() if keep_token_times else t[:, [0, -1]].tolist()):
             r.tbt = tbt
             r.token_times = times
+
+
+def unspan(items) -> list:
+    """(request, tail) pairs as finalize_many takes them, each request's deferred token times written out: a
+    speculative window (sim/engine/specwalk.py) leaves a request (at, ends, counts) in r.spans for the times it
+    would have appended, ends[s] counts[s] times for each of its steps, at position `at` of r.token_times. Such a
+    request's whole times (its own list with the runs put in, then the tail) become its tail, its list empty:
+    one np.repeat over them all, the floats the appends would have made."""
+    vals, reps, starts, out = [], [], [], []
+    spanned = []
+    for r, tail in items:
+        if not r.spans:
+            out.append((r, tail))
+            continue
+        starts.append(len(reps))
+        spanned.append(len(out))
+        out.append(r)
+        times, done = r.token_times, 0
+        for at, ends, counts in r.spans:
+            if at > done:                      # times appended one by one before this run
+                vals += times[done:at]
+                reps += [1] * (at - done)
+                done = at
+            vals += ends
+            reps += counts[:len(ends)]         # (a window's counts may run past the steps it took)
+        rest = [*times[done:], *tail]
+        vals += rest
+        reps += [1] * len(rest)
+        r.token_times, r.spans = [], None
+    if spanned:
+        # (bytes and array unbox in C, without numpy's per-item type discovery; tokens per step are few)
+        try:
+            reps = np.frombuffer(bytes(reps), np.uint8)
+        except ValueError:
+            reps = np.frombuffer(array("q", reps), np.int64)
+        flat = np.repeat(np.frombuffer(array("d", vals)), reps)
+        ends = np.add.reduceat(reps, starts, dtype=np.int64).cumsum().tolist()
+        for i, a, b in zip(spanned, [0] + ends, ends):
+            out[i] = (out[i], flat[a:b])
+    return out
+
+
+def settle_spans(reqs) -> None:
+    """Write deferred token times (Request.spans) into the token_times lists of requests that did not finish."""
+    for r in reqs:
+        if r.spans:
+            (_, t), = unspan([(r, ())])
+            r.token_times = t.tolist()
 
 
 def p99_sorted(x: list) -> float:
