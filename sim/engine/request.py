@@ -10,8 +10,9 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "cls", "predicted_output_tokens",
                  "slo_ttft_s", "slo_tbt_s", "input_tokens", "cached", "generated", "state", "blocks",
                  "swap_blocks", "sched_stamp", "first_scheduled_s", "first_token_s", "completion_s",
-                 "last_token_s", "token_times", "spans", "evictions", "swaps", "evicted_tokens", "reason", "meta", "tbt",
-                 "cohort", "prefix", "chain", "hit", "hit_tokens", "after", "think_s", "followers", "adapter", "seq")
+                 "last_token_s", "token_times", "spans", "evictions", "swaps", "evicted_tokens", "reason", "meta",
+                 "tbt", "cohort", "prefix", "chain", "hit", "hit_tokens", "after", "think_s", "followers", "adapter",
+                 "seq")
 
     def __init__(self, id, arrival_s, prompt_tokens, output_tokens, cls="default", predicted_output_tokens=None,
                  slo_ttft_s=None, slo_tbt_s=None, prefix=None):

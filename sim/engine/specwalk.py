@@ -20,8 +20,9 @@ the free blocks, block sizes under k + 1) the same uniform steps go through a ti
 
 Everything else is the plain loop's: reservations checked before each step, counters, rows or tally; a request's
 token times over a window are kept as a run (Request.spans: the window's step ends, its tokens per step), written
-out with others' when its TBT statistics are worked out (sim/metrics/tokens.py: unspan), the same floats. Windows stop before a step they cannot take (a plain decode, the last token of a request; a request near
-its end with requests queued; blocks that do not fit; in a cluster, a step past what the router has decided) or
+out with others' when its TBT statistics are worked out (sim/metrics/tokens.py: unspan), the same floats.
+Windows stop before a step they cannot take (a plain decode, the last token of a request; a request near its end
+with requests queued; blocks that do not fit; in a cluster, a step past what the router has decided) or
 max_iterations; specstretch's loop then takes that step."""
 from __future__ import annotations
 
