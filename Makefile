@@ -21,7 +21,7 @@ demo: $(STAMP)
 # with other work; 402 s serial in a quieter moment) and a CPU-timing test failed under it. The dots are pytest's
 # progress, one per test.
 test: $(STAMP)
-	@echo "make test: about 1,060 tests, 5-16 minutes on 2 cores (272-603 s, 963 s pinned to one busy core); one dot per passing test"
+	@echo "make test: about 1,070 tests, 5-16 minutes on 2 cores (272-656 s, 963 s pinned to one busy core); one dot per passing test"
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
