@@ -658,46 +658,34 @@ class Simulation:
             if lean and t < arrival:
                 # The loop below for the common case (a tally, no adapters, no iteration cap), with what it
                 # counts per step derived once from the step count: the same integers and floats.
-                s0, last_due, free_sum, kv, t0 = s, 0, 0, cached, t
-                bounded = limit < math.inf
-                seg = []                               # the steps' end times, written to `ends` once
-                put = seg.append
-                hit = False
+                s0, last_due, free_sum, kv = s, 0, 0, cached
                 while t < arrival:
-                    kv += n
-                    dt = (base + (a_d * kv + sdn + b_d)) + cpu
-                    if bounded and not t + dt < limit:
-                        kv -= n
+                    dt = (base + (a_d * (kv + n) + sdn + b_d)) + cpu
+                    if not t + dt < limit:
                         break                          # the plain loop takes this step, after the router
                     s += 1
                     first = first_block.get(s, 0)
                     due = taking[s % bs] + first
                     if due > free:                     # KV short: the plain loop evicts
                         s -= 1
-                        kv -= n
                         break
+                    kv += n
                     if first:
                         del first_block[s]
                         taking[s % bs] += first
                     free -= due
-                    t += dt                            # the float add SimPy's timeout would do
-                    put(t)
+                    start, t = t, t + dt
+                    if s - off > cap:
+                        ends = cohort.room(s - 1, 1)
+                        cap, off = len(ends), cohort.base
+                    ends[s - 1 - off] = t
                     if s in done_at:                   # members complete: recorded after they leave, below
-                        if done_at[s]:
-                            hit = True
+                        done = done_at.pop(s)
+                        if done:
                             last_due = due
                             break
-                        del done_at[s]
                     free_sum += free
                 ran = s - s0
-                if ran:
-                    start = seg[-2] if ran > 1 else t0
-                    if s - off > cap:                  # (room() reads done_at: before the step's members go)
-                        ends = cohort.room(s0, ran)
-                        cap, off = len(ends), cohort.base
-                    ends[s0 - off:s - off] = seg
-                    if hit:
-                        done = done_at.pop(s)
                 counted = ran - 1 if done else ran     # (the completing step is tallied after they leave)
                 if counted:
                     used_sum += bs * (counted * total_blocks - free_sum)
