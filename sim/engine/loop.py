@@ -586,7 +586,8 @@ class Simulation:
         first_block, done_at = cohort.first_block, cohort.done_at
         total_blocks = mem.total_blocks
         plain_used = type(mem).used_tokens is KVCacheManager.used_tokens
-        lean = inline and not record and tally is not None and plain_used and self.lora is None and stop == math.inf
+        lean = (inline and not record and tally is not None and plain_used and self.lora is None
+                and limit == math.inf and stop == math.inf)
         start = t
         finished = False
         it = view.iteration
@@ -656,20 +657,19 @@ class Simulation:
                     cached += n * k
                     kv_cached += n * k
             if lean and t < arrival:
-                # The loop below for the common case (a tally, no adapters, no iteration cap), with what it
-                # counts per step derived once from the step count: the same integers and floats.
+                # The loop below for the common case (a tally, no adapters, no router limit, no iteration cap),
+                # with what it counts per step derived once from the step count: the same integers and floats.
                 s0, last_due, free_sum, kv = s, 0, 0, cached
                 while t < arrival:
-                    dt = (base + (a_d * (kv + n) + sdn + b_d)) + cpu
-                    if not t + dt < limit:
-                        break                          # the plain loop takes this step, after the router
+                    kv += n
+                    dt = (base + (a_d * kv + sdn + b_d)) + cpu
                     s += 1
                     first = first_block.get(s, 0)
                     due = taking[s % bs] + first
                     if due > free:                     # KV short: the plain loop evicts
                         s -= 1
+                        kv -= n
                         break
-                    kv += n
                     if first:
                         del first_block[s]
                         taking[s % bs] += first
