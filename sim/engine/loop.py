@@ -586,8 +586,6 @@ class Simulation:
         first_block, done_at = cohort.first_block, cohort.done_at
         total_blocks = mem.total_blocks
         plain_used = type(mem).used_tokens is KVCacheManager.used_tokens
-        lean = (inline and not record and tally is not None and plain_used and self.lora is None
-                and limit == math.inf and stop == math.inf)
         start = t
         finished = False
         it = view.iteration
@@ -656,47 +654,7 @@ class Simulation:
                     self.walked_iterations += k
                     cached += n * k
                     kv_cached += n * k
-            if lean and t < arrival:
-                # The loop below for the common case (a tally, no adapters, no router limit, no iteration cap),
-                # with what it counts per step derived once from the step count: the same integers and floats.
-                s0, last_due, free_sum, kv = s, 0, 0, cached
-                while t < arrival:
-                    kv += n
-                    dt = (base + (a_d * kv + sdn + b_d)) + cpu
-                    s += 1
-                    first = first_block.get(s, 0)
-                    due = taking[s % bs] + first
-                    if due > free:                     # KV short: the plain loop evicts
-                        s -= 1
-                        kv -= n
-                        break
-                    if first:
-                        del first_block[s]
-                        taking[s % bs] += first
-                    free -= due
-                    start, t = t, t + dt
-                    if s - off > cap:
-                        ends = cohort.room(s - 1, 1)
-                        cap, off = len(ends), cohort.base
-                    ends[s - 1 - off] = t
-                    if s in done_at:                   # members complete: recorded after they leave, below
-                        done = done_at.pop(s)
-                        if done:
-                            last_due = due
-                            break
-                    free_sum += free
-                ran = s - s0
-                counted = ran - 1 if done else ran     # (the completing step is tallied after they leave)
-                if counted:
-                    used_sum += bs * (counted * total_blocks - free_sum)
-                    used = (total_blocks - (free + last_due)) * bs     # free only falls: the last counted step
-                    if used > used_max:
-                        used_max = used
-                k += ran
-                it += ran
-                cached = kv
-                kv_cached += n * ran
-            while t < arrival and it < stop and not lean:
+            while t < arrival and it < stop:
                 kv = cached + n
                 dt = (base + (a_d * kv + sdn + b_d)) + cpu if inline else step_time(n, kv)
                 if lora is not None:
