@@ -192,3 +192,5 @@ def test_invariants_and_fast_equals_plain_every_paged_policy(specs, M):
         plain = _simulate(name, specs, M, False)
         pd.testing.assert_frame_equal(res.requests, plain.requests, obj=name)
         pd.testing.assert_frame_equal(res.iterations, plain.iterations, obj=name)
+        stats = [k for k in res.summary if k.startswith("prefix_")]     # evictions too: however lazily counted
+        assert stats and all(res.summary[k] == plain.summary[k] or res.summary[k] != res.summary[k] for k in stats)

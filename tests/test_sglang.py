@@ -12,23 +12,26 @@ from sim.scenario.config import scenario_from_dict
 
 
 def _finish(mem, r, t):
+    """r produced all its tokens at t; the engine frees its KV before it stamps the completion."""
     mem.clock = t
     r.cached = r.prompt_tokens
-    r.completion_s = t
+    r.generated = r.output_tokens
     mem.free(r)
+    r.completion_s = t
 
 
-def _hit_after_pressure(cls):
-    """A (an 8-token shared prompt) finishes, then B (private), then C needs one block, then D repeats A's prompt."""
+def _hit_after_pressure(cls, b_tokens=7):
+    """A (an 8-token shared prompt) finishes, then B (private: one full block and a partial one by default), then
+    C needs one block, then D repeats A's prompt."""
     mem = cls(16, block_size=4)                       # 4 blocks
     a = Request(0, 0.0, 8, 1, prefix=(("s", 8),))
     mem.lookup(a)
     assert mem.admit(a, 8)
     mem.register(a, 8)
     _finish(mem, a, 1.0)
-    b = Request(1, 0.0, 8, 1)
+    b = Request(1, 0.0, b_tokens, 1)
     mem.lookup(b)
-    assert mem.admit(b, 8)
+    assert mem.admit(b, b_tokens)
     _finish(mem, b, 2.0)
     c = Request(2, 0.0, 4, 1)
     mem.lookup(c)
@@ -38,12 +41,24 @@ def _hit_after_pressure(cls):
 
 
 def test_radix_uses_free_slots_before_evicting_cached_blocks():
-    # vLLM's free queue hands out A's cached tail block first (it was freed first); SGLang's pool takes B's blank
-    # blocks and evicts nothing, so D still finds both of A's blocks.
+    # vLLM's free queue hands out A's cached tail block first (it was freed first); SGLang's pool takes B's partial
+    # page (a free slot: cache_finished_req frees what is past the last full page) and evicts nothing, so D still
+    # finds both of A's blocks.
     vllm_hit, vllm_mem = _hit_after_pressure(PrefixCachingKVManager)
     radix_hit, radix_mem = _hit_after_pressure(RadixKVManager)
     assert (vllm_hit, vllm_mem.evicted_blocks) == (4, 1)
     assert (radix_hit, radix_mem.evicted_blocks) == (8, 0)
+
+
+def test_a_finished_sequence_stays_in_the_radix_tree_but_not_in_vllms_cache():
+    # SGLang inserts a finished request's whole sequence into the tree (cache_finished_req): B's two full private
+    # blocks are leaves released at 2.0, after A's, so C's block evicts A's tail (the least recently released leaf).
+    # vLLM's manager queues them blank (nobody can hit them): they take no identity and their reuse is no eviction.
+    vllm_hit, vllm_mem = _hit_after_pressure(PrefixCachingKVManager, b_tokens=8)
+    radix_hit, radix_mem = _hit_after_pressure(RadixKVManager, b_tokens=8)
+    assert (radix_hit, radix_mem.evicted_blocks) == (4, 1)
+    assert (vllm_hit, vllm_mem.evicted_blocks) == (4, 1)
+    assert len(vllm_mem.ref) == 1 and len(radix_mem.ref) == 3     # A's head; A's head and B's two blocks
 
 
 def test_radix_evicts_the_least_recently_released_leaf_first():

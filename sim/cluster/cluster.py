@@ -426,6 +426,7 @@ class Cluster:
                 if r.after is not None:
                     r.after.followers = (r.after.followers or []) + [r]
                     self.turns_left += 1
+            self.turns = self.requests        # every turn: the prefix caches bind to all (a later one repeats answers)
             self.requests = [r for r in self.requests if r.after is None]
         self.front = [h for h in self.replicas if h.pool != DECODE]    # where arrivals go
         self.decode = [h for h in self.replicas if h.pool == DECODE]
@@ -471,7 +472,7 @@ class Cluster:
         sim = h.group.take_prototype() or build_simulation(h.scn, requests=[])
         mem = sim.memory
         if hasattr(mem, "bind_requests"):            # answers a later turn repeats, wherever that turn lands
-            mem.bind_requests(self.requests)
+            mem.bind_requests(self.turns if self.sessions else self.requests)
         sim.on_complete = (lambda r, h=h: self._prefill_done(h, r)) if h.pool == PREFILL else \
             (lambda r, h=h: self._done(h, r)) if self.sessions else \
             (lambda r, h=h: h.ledger.finish(r.id, r.completion_s))

@@ -147,6 +147,8 @@ class PrefixCachingKVManager(KVCacheManager):
     """The paged manager with vLLM v1's automatic prefix caching and an optional CPU offload tier."""
 
     exact_counts = True            # block accounting stays plain counts: the decode cohort may run on it
+    caches_finished_tails = False  # a finished request's private blocks are blank (vLLM's queue holds them in the
+                                   # same places; nobody can hit them), not identities to intern and count
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
                  swap_capacity_tokens: int = 0, cpu_cache_blocks: int = 0):
@@ -357,6 +359,7 @@ class PrefixCachingKVManager(KVCacheManager):
         if len(held) >= n:
             return
         ids = self.chains.chain(req, n)
+        self._settle()          # blocks allocations have taken are gone: not "cached in another block" any more
         ref = self.ref
         for b in range(len(held), n):
             i = ids[b]
@@ -367,7 +370,9 @@ class PrefixCachingKVManager(KVCacheManager):
 
     def free(self, req) -> None:
         if req.blocks:
-            finished = req.completion_s is not None
+            # A request with all its tokens will never come back for its private blocks: they are freed blank. (Its
+            # output count, not its completion time: the engine frees KV before it stamps the completion.)
+            finished = req.generated >= req.output_tokens and not self.caches_finished_tails
             self.register(req, req.cached, private=not finished)
             held = self.held.pop(req.id, ())
             ref = self.ref
@@ -435,6 +440,7 @@ class PrefixCachingKVManager(KVCacheManager):
 
     # -- reporting ----------------------------------------------------------------------------------------------
     def stats(self) -> dict:
+        self._settle()          # evictions the allocations so far imply, however lazily the queue caught up
         q = self.query_blocks
         return {"prefix_hit_rate": (self.hit_blocks + self.cpu_hit_blocks) / q if q else float("nan"),
                 "prefix_gpu_hit_tokens": self.hit_blocks * self.block_size,

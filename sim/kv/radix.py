@@ -39,6 +39,10 @@ class TreeChains(BlockChains):
 class RadixKVManager(PrefixCachingKVManager):
     """The prefix-caching pool with SGLang's radix-tree eviction (least recently used unreferenced leaf first)."""
 
+    # SGLang inserts a finished request's whole sequence into the tree (cache_finished_req): its own blocks become
+    # leaves, evicted by last access like any other, not free slots used before every cached block
+    caches_finished_tails = True
+
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
                  swap_capacity_tokens: int = 0, cpu_cache_blocks: int = 0):
         super().__init__(capacity_tokens, block_size, watermark, swap_capacity_tokens, cpu_cache_blocks)
@@ -60,6 +64,7 @@ class RadixKVManager(PrefixCachingKVManager):
                     children[p] = children.get(p, 0) + 1
 
     def register(self, req, upto_tokens: int, private: bool = False) -> None:
+        self._settle()                       # (evictions first: what is new in ref after this is what registered)
         before = len(self.ref)
         super().register(req, upto_tokens, private)
         self._track(req, before)
