@@ -81,17 +81,20 @@ class RadixKVManager(PrefixCachingKVManager):
         """Queue the pending frees (canonical order, as the parent's), then pay what allocations took: pristine
         blocks, blank blocks, then least recently used unreferenced leaves."""
         q, ref, heap = self.queue, self.ref, self.heap
-        if self.pending:
-            self.pending.sort(key=lambda p: (p[0], p[1]))
-            for t, _, keys, n in self.pending:
+        pending = self.pending
+        if pending:
+            pending.sort(key=lambda p: (p[0], p[1]))
+            last, push, pushes, queued = self.last_access, heapq.heappush, self._pushes, self.queued
+            for t, _, keys, n in pending:
                 for k in keys:
                     q[k] = None
                     if k >= 0:
-                        self.last_access[k] = t
-                        self._pushes += 1
-                        heapq.heappush(heap, (t, self._pushes, k))
-                self.queued += n
-            self.pending.clear()
+                        last[k] = t
+                        pushes += 1
+                        push(heap, (t, pushes, k))
+                queued += n
+            self._pushes, self.queued = pushes, queued
+            pending.clear()
         debt = self._owed()
         if not debt:
             return
@@ -106,17 +109,19 @@ class RadixKVManager(PrefixCachingKVManager):
                 del runs[k]
                 del q[k]
                 debt -= n
+        if not debt:
+            return
         children, parent, last = self.children, self.chains.parent, self.last_access
+        pop, evicted = heapq.heappop, 0
         while debt:
             if not heap:
                 raise RuntimeError("radix cache: allocations took more blocks than are free or evictable")
-            t, _, k = heapq.heappop(heap)
+            t, _, k = pop(heap)
             if ref.get(k, 1) or children.get(k) or last.get(k) != t:
                 continue                        # in use again, not a leaf (yet), or an older entry
             del q[k]
             del ref[k]
-            self.evicted_blocks += 1
-            self.evicted_leaves += 1
+            evicted += 1
             debt -= 1
             p = parent[k]
             if p >= 0:
@@ -128,6 +133,8 @@ class RadixKVManager(PrefixCachingKVManager):
                     if ref.get(p, 1) == 0:      # the parent is an unreferenced leaf now
                         self._pushes += 1
                         heapq.heappush(heap, (last[p], self._pushes, p))
+        self.evicted_blocks += evicted
+        self.evicted_leaves += evicted
 
     def stats(self) -> dict:
         out = super().stats()
