@@ -64,14 +64,16 @@ def test_a_fully_cached_prompt_still_computes_its_last_block():
     assert res.requests.prefix_hit_tokens.tolist() == [0, 48]
 
 
-def test_a_later_turn_hits_the_previous_answer_and_private_blocks_stay_unnamed():
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_later_turn_hits_the_previous_answer_and_private_blocks_stay_unnamed(fast):
     """Turn 2 repeats turn 1's prompt and answer (("g", 0) names request 0's generated tokens): it hits the blocks
-    turn 1 decoded. A finished request's own (private) blocks are never named, since nobody can hit them."""
+    turn 1 decoded. A finished request's own (private) blocks are never named, since nobody can hit them, on every
+    engine path (the plain loop frees a request's KV before it stamps its completion)."""
     sys_ = (("sys", 0), 64)
     turn1 = req(0, 64, 40, 0.0, prefix=(sys_,))
     turn2 = req(1, 64 + 40 + 30, 5, 50.0, prefix=(sys_, (("g", 0), 40)))
     other = req(2, 200, 40, 100.0)                          # no prefix identity at all
-    sim, res = run([turn1, turn2, other])
+    sim, res = run([turn1, turn2, other], fast=fast)
     # turn 1 holds KV for 64 + 39 tokens (its last token has none): 6 full blocks, the system prompt's 4 and two of
     # its answer; turn 2 (134 tokens, same first 104) hits exactly those 6 = 96 tokens
     assert res.requests.prefix_hit_tokens.tolist() == [0, 96, 0]
