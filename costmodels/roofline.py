@@ -348,6 +348,14 @@ class RooflineCostModel(CostModel):
         self._emb = self.emb_time(n).tolist()
         self._step = self.sample_time(n).tolist()
         self._n_max = n_max
+        self._arrays = None             # the tables as numpy arrays, made when a closed-form stretch first needs them
+
+    def _table_arrays(self):
+        """(occupancy, layers, embedding, sampling) tables as arrays: the same floats as the lists the scalar path
+        indexes, converted once per growth rather than once per stretch (16k entries each by default)."""
+        if self._arrays is None:
+            self._arrays = tuple(np.asarray(x) for x in (self._occ, self._layer, self._emb, self._step))
+        return self._arrays
 
     def accepts_decode_sums(self) -> bool:
         cls = type(self)
@@ -396,15 +404,16 @@ class RooflineCostModel(CostModel):
         if n.max() > self._n_max:
             self._grow(int(n.max()))
         c = self._dec
+        occ, layer, emb, step = self._table_arrays()
         if c[5]:                       # context-dependent occupancy: the scalar path's function, element by element
             attn = np.array([self._decode_layer_s(b, kv) if b else c[3]
                              for b, kv in zip(n.tolist(), kv_read.tolist())])
         else:
-            attn = np.maximum(kv_read.astype(float) * c[0] * np.asarray(self._occ)[n] + c[2] * n.astype(float) + c[3],
+            attn = np.maximum(kv_read.astype(float) * c[0] * occ[n] + c[2] * n.astype(float) + c[3],
                               kv_read.astype(float) * self._kv_read_s)
             for i in np.flatnonzero(np.isin(n, list(self._small))) if self._small else ():
                 attn[i] = self._decode_layer_s(int(n[i]), int(kv_read[i]))     # measured small-batch rows
-        layer, emb, step = (np.asarray(x)[n] for x in (self._layer, self._emb, self._step))
+        layer, emb, step = layer[n], emb[n], step[n]
         t = layer + self.layers * attn + emb + step
         return t + self.params_in_use["step_overhead_s"] + self.cpu_times(n)
 
