@@ -1,6 +1,7 @@
 """BROS (arXiv 2504.09590): least-slack RT packing under a cost-model time budget, BE fill/replace, bidirectional KV."""
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -9,39 +10,48 @@ from costmodels.errors import UserError
 from policies.base import Batch, Policy, register_policy
 
 RT, BE = "rt", "be"
+_RUNNING = "running"        # Request.state of a request on the GPU (its on_gpu; policies do not import sim)
 
 
 class CostTally:
-    """A candidate batch's shape kept as running sums, so Alg. 1 can price `batch + req` in O(1) per probe."""
+    """A candidate batch's shape kept as running sums, so Alg. 1 can price `batch + req` in O(1) per probe (integer
+    sums: the same floats whatever the order members came and went in)."""
 
     def __init__(self, costmodel):
         self.cm = costmodel
         self.fast = hasattr(costmodel, "time_from_sums")
-        self.members = []          # (req, tokens, context, swap_in)
+        self.members = []          # (req, tokens, context, swap_in, is_decode)
+        # n_tokens, n_prefill, sum_c2, sum_ck, sum_k_prefill, n_decode, kv_read, swap-in slots
+        self.sums = [0] * 8
 
-    def _sums(self, members):
-        s = dict(n_tokens=0, n_prefill=0, sum_c2=0, sum_ck=0, sum_k_prefill=0, n_decode=0, kv_read=0)
-        swap = 0
-        for _, c, k, sw, decode in members:
-            s["n_tokens"] += c
-            swap += sw
-            if decode:
-                s["n_decode"] += 1
-                s["kv_read"] += k + 1
-            else:
-                s["n_prefill"] += 1
-                s["sum_c2"] += c * c
-                s["sum_ck"] += c * k
-                s["sum_k_prefill"] += k
-        return s, swap
+    @staticmethod
+    def _terms(member):
+        _, c, k, sw, decode = member
+        return (c, 0, 0, 0, 0, 1, k + 1, sw) if decode else (c, 1, c * c, c * k, k, 0, 0, sw)
+
+    def _shift(self, member, sign: int) -> None:
+        self.sums = [a + sign * b for a, b in zip(self.sums, self._terms(member))]
+
+    def add(self, member) -> None:
+        self.members.append(member)
+        self._shift(member, 1)
+
+    def insert(self, idx: int, member) -> None:
+        self.members.insert(idx, member)
+        self._shift(member, 1)
+
+    def pop(self, idx: int):
+        member = self.members.pop(idx)
+        self._shift(member, -1)
+        return member
 
     def time(self, extra=None) -> float:
-        members = self.members + ([extra] if extra else [])
-        if not members:
+        if not self.members and not extra:
             return 0.0
         if self.fast:
-            s, swap = self._sums(members)
-            return self.cm.time_from_sums(**s) + self.cm.swap_time(swap)
+            s = self.sums if extra is None else [a + b for a, b in zip(self.sums, self._terms(extra))]
+            return self.cm.time_from_sums(*s[:7]) + self.cm.swap_time(s[7])
+        members = self.members + ([extra] if extra else [])
         shape = BatchShape(swap_in_tokens=sum(m[3] for m in members))
         for _, c, k, _, decode in members:
             if decode:
@@ -107,11 +117,16 @@ class Bros(Policy):
     def schedule(self, view) -> Batch:
         cfg, mem = self.config, view.memory
         pool = list(view.running) + list(view.waiting)
-        rts = sorted((r for r in pool if r.cls == RT), key=lambda r: (self._slack(view, r), r.arrival_s, r.id))
-        # BE: least CPU-resident KV first; pending (decode) before waiting; then arrival (spec §8.6 default).
-        bes = sorted((r for r in pool if r.cls != RT),
-                     key=lambda r: (mem.cpu_slots(r), not r.on_gpu, r.arrival_s, r.id))
-        live = [self._slack(view, r) for r in rts]
+        slack = self._slack
+        ranked = sorted((slack(view, r), r.arrival_s, r.id, r) for r in pool if r.cls == RT)   # (ids are unique)
+        rts = [x[3] for x in ranked]
+        live = [x[0] for x in ranked]
+        # BE: least CPU-resident KV first; pending (decode) before waiting; then arrival (spec §8.6 default). Taken
+        # lazily from a heap: the loop below mostly stops after a few of a long queue.
+        be = [r for r in pool if r.cls != RT]
+        slots = mem.cpu_slots_of(be) if hasattr(mem, "cpu_slots_of") else [mem.cpu_slots(r) for r in be]
+        bes = [(c, r.state != _RUNNING, r.arrival_s, r.id, r) for c, r in zip(slots, be)]     # (not on the GPU)
+        heapq.heapify(bes)
         feasible = [s for s in live if s > 0]
         # Guard (b): late requests stop constraining T; when every RT request is late the step is still held to
         # one TPOT target, so late requests are not made later still by an unbounded batch (our resolution).
@@ -130,18 +145,19 @@ class Bros(Policy):
                 time_bound = True              # guard (a): the head runs even if its step alone is too long
             if not self._place(view, r, chosen, rt=True):
                 continue    # skip (paper: break): a request that finds no memory must not stall the RT decodes behind
-            tally.members.append(e)
+            tally.add(e)
             chosen.append(r)
             if i == 0:
                 protected.add(r)                 # guard 3: the most urgent RT is never replaced
-        for r in bes:
+        while bes:
+            r = heapq.heappop(bes)[4]
             if len(chosen) >= self.B and not (cfg.replace and len(chosen) > len(protected)):
                 break
             e = _entry(r, mem)
             if len(chosen) < self.B and tally.time(e) <= budget:
                 if not self._place(view, r, chosen, rt=False):
                     break
-                tally.members.append(e)
+                tally.add(e)
                 chosen.append(r)
                 continue
             if not cfg.replace:
@@ -149,14 +165,14 @@ class Bros(Policy):
             victim_idx = self._replaceable(view, tally, chosen, protected)
             if victim_idx is None:
                 break
-            popped = tally.members.pop(victim_idx)
+            popped = tally.pop(victim_idx)
             victim = chosen.pop(victim_idx)
             if len(chosen) < self.B and tally.time(e) <= budget and self._place(view, r, chosen, rt=False):
-                tally.members.append(e)
+                tally.add(e)
                 chosen.append(r)
                 self.stats["replacements"] += 1
             else:
-                tally.members.insert(victim_idx, popped)
+                tally.insert(victim_idx, popped)
                 chosen.insert(victim_idx, victim)
                 break
         if time_bound:

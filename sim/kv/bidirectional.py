@@ -49,6 +49,11 @@ class BidirectionalKVManager(KVCacheManager):
     def cpu_slots(self, req) -> int:
         return self.cpu.get(req.id, 0)
 
+    def cpu_slots_of(self, reqs) -> list:
+        """cpu_slots of many requests (a scheduler ranking a long queue every step)."""
+        held = self.cpu.get
+        return [held(r.id, 0) for r in reqs]
+
     def take_swapped_in(self) -> int:
         n, self._swapped_in = self._swapped_in, 0
         return n
