@@ -142,3 +142,24 @@ def test_random_reserve_free_sequences_keep_every_slot():
             for q in reqs:
                 assert mem.held(q) >= want.get(q.id, 0)
     run()
+
+
+def test_the_cost_tally_prices_a_batch_from_its_running_sums():
+    """Algorithm 1's probes price `batch + req` from running sums; after members come and go the price is the cost
+    model's for the batch's sums worked out by hand (two prefills, one decode, swap-in slots)."""
+    from costmodels import get_gpu, get_model
+    from costmodels.linear import LinearCostModel, default_profile_path
+    from policies.bros import CostTally
+    cm = LinearCostModel.load(default_profile_path("a100-80gb", "llama-2-7b"), model=get_model("llama-2-7b"),
+                              gpu=get_gpu("a100-80gb"))
+    tally = CostTally(cm)
+    p1, p2, d = (None, 100, 20, 0, False), (None, 50, 0, 3, False), (None, 1, 300, 2, True)
+    tally.add(p1)
+    tally.add(d)
+    tally.insert(1, p2)
+    assert tally.pop(0) == p1 and tally.members == [p2, d]
+    # p2 and d: tokens 50 + 1, one prefill (c² 2500, c·k 0, k 0), one decode reading 301, swap-in 3 + 2
+    want = cm.time_from_sums(51, 1, 2500, 0, 0, 1, 301) + cm.swap_time(5)
+    assert tally.time() == want
+    assert tally.time(p1) == cm.time_from_sums(151, 2, 12500, 2000, 20, 1, 301) + cm.swap_time(5)
+    assert tally.sums == [51, 1, 2500, 0, 0, 1, 301, 5]      # a probe leaves the tally as it was
