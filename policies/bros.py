@@ -124,8 +124,8 @@ class Bros(Policy):
         # BE: least CPU-resident KV first; pending (decode) before waiting; then arrival (spec §8.6 default). Taken
         # lazily from a heap: the loop below mostly stops after a few of a long queue.
         be = [r for r in pool if r.cls != RT]
-        slots = mem.cpu_slots_of(be) if hasattr(mem, "cpu_slots_of") else [mem.cpu_slots(r) for r in be]
-        bes = [(c, r.state != _RUNNING, r.arrival_s, r.id, r) for c, r in zip(slots, be)]     # (not on the GPU)
+        bes = [(c, r.state != _RUNNING, r.arrival_s, r.id, r)                  # (not on the GPU)
+               for c, r in zip(mem.cpu_slots_of(be), be)]        # (BROS runs on the bidirectional layout)
         heapq.heapify(bes)
         feasible = [s for s in live if s > 0]
         # Guard (b): late requests stop constraining T; when every RT request is late the step is still held to
