@@ -1,6 +1,8 @@
 """Exact steady decode cohort: running decodes that gain one token per step, kept as a count and a sum."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sim.metrics import finalize_many
@@ -193,3 +195,59 @@ class DecodeCohort:
         self.taking = [0] * self.block_size
         self.first_block.clear()
         self.done_at.clear()
+
+
+def quiet_steps(cohort, t, start, s, cached, free, arrival, limit, steps, parts):
+    """The steady cohort's steps from step s (Σ cached `cached`, `free` blocks free, clock t) in the common case:
+    step times from DecodeStepTime.at's parts (a linear model), no adapters, no per-step record and the paged
+    manager's used tokens. Between two events (a member's first new block, a member's last token) a step's KV
+    due is the cohort's `taking` count for its residue, so only those steps look at the calendars; the end times
+    go into `ends` at once. The rules are _cohort_steps' step for step: each starts before `arrival`, ends
+    before `limit`, fits its blocks, at most `steps` of them, stopping after one that completes members.
+
+    Returns (clock, start of the last step (`start` if none was taken), steps taken, free blocks, Σ free blocks after each step that
+    completed no one, the members the last step completed or ()): the caller writes the counters back."""
+    base, sdn, b_d, cpu, a_d = parts
+    n, bs = cohort.n, cohort.block_size
+    taking, first_block, done_at = cohort.taking, cohort.first_block, cohort.done_at
+    # every key of both calendars is a step to come (later than s): their least is the next event of each kind
+    nf = min(first_block) if first_block else math.inf
+    nd = min(done_at) if done_at else math.inf
+    s0, free_sum, k, done = s, 0, 0, 0
+    new = []
+    while k < steps and t < arrival:
+        kv = cached + n
+        t2 = t + ((base + (a_d * kv + sdn + b_d)) + cpu)       # the float add SimPy's timeout would do
+        if not t2 < limit:
+            break                                               # the plain loop takes this step, after the router
+        s1 = s + 1
+        if s1 == nf:
+            res = s1 % bs
+            first = first_block[s1]
+            due = taking[res] + first
+            if due > free:
+                break                                           # KV short: the plain loop evicts
+            del first_block[s1]
+            taking[res] += first
+            nf = min(first_block) if first_block else math.inf
+        else:
+            due = taking[s1 % bs]
+            if due > free:
+                break
+        free -= due
+        start, t = t, t2
+        new.append(t2)
+        s, cached = s1, kv
+        k += 1
+        if s1 == nd:
+            if done_at[s1]:
+                done = s1                                       # popped below, once `ends` has room
+                break
+            del done_at[s1]                                     # (members dropped since joining)
+            nd = min(done_at) if done_at else math.inf
+        free_sum += free
+    if k:
+        ends = cohort.room(s0, k)
+        lo = s0 - cohort.base
+        ends[lo:lo + k] = new
+    return t, start, k, free, free_sum, done_at.pop(done) if done else ()

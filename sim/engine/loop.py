@@ -12,7 +12,7 @@ import simpy
 from costmodels.base import BatchShape
 from costmodels.errors import UserError
 from sim.engine.arrivals import ArrivalClock, SessionClock
-from sim.engine.cohort import FLUSH, DecodeCohort
+from sim.engine.cohort import FLUSH, DecodeCohort, quiet_steps
 from sim.errors import SimulationStuck
 from sim.engine.fastforward import FastForward
 from sim.engine.itertally import IterationTally
@@ -24,6 +24,7 @@ from sim.engine import specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
+QUIET_ALL = 1 << 62  # no bound on a run of steady cohort steps but the others
 WAIT = None          # what a cluster replica yields when it has nothing to do until the router sends a request
 
 
@@ -586,6 +587,8 @@ class Simulation:
         first_block, done_at = cohort.first_block, cohort.done_at
         total_blocks = mem.total_blocks
         plain_used = type(mem).used_tokens is KVCacheManager.used_tokens
+        # the common case, whose steps cohort.quiet_steps takes: a linear model, no record, paged memory, no adapters
+        quiet = inline and not record and plain_used and self.lora is None
         start = t
         finished = False
         it = view.iteration
@@ -654,7 +657,23 @@ class Simulation:
                     self.walked_iterations += k
                     cached += n * k
                     kv_cached += n * k
-            while t < arrival and it < stop:
+            if quiet:
+                t, start, q, free, free_sum, done = quiet_steps(cohort, t, start, s, cached, free, arrival, limit,
+                                                                stop - it if stop < math.inf else QUIET_ALL,
+                                                                (base, sdn, b_d, cpu, a_d))
+                k += q
+                it += q
+                s += q
+                cached += n * q
+                kv_cached += n * q
+                counted = q - 1 if done else q          # (the step that completes members is tallied after)
+                if counted:
+                    used_sum += bs * (counted * total_blocks - free_sum)
+                    # free blocks only fall over the run: its last counted step uses the most
+                    used = (total_blocks - (free + cohort.taking[s % bs] if done else free)) * bs
+                    if used > used_max:
+                        used_max = used
+            while not quiet and t < arrival and it < stop:
                 kv = cached + n
                 dt = (base + (a_d * kv + sdn + b_d)) + cpu if inline else step_time(n, kv)
                 if lora is not None:
