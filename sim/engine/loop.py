@@ -20,7 +20,7 @@ from sim.kv.layouts import build_layout
 from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_many, finalize_request, settle_spans
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
-from sim.engine import specstretch, specwalk
+from sim.engine import chunkstep, specstretch, specwalk
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
@@ -116,6 +116,7 @@ class Simulation:
         self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
+        self.chunk_steps = 0                # scheduled steps made by chunkstep.next_batch, not the policy (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
@@ -215,6 +216,7 @@ class Simulation:
         cluster resumes it once they are known. `total` grows as the router sends requests."""
         view, policy, clock, memory = self.view, self.policy, self.arrival_clock, self.memory
         cluster = clock is not None and clock.cluster
+        chunk_rule = chunkstep.rule(policy, view)
         last_progress = 0
         now = 0 if env is None else env.now
         while True:
@@ -233,6 +235,9 @@ class Simulation:
                 skipped = self.lora.skipped
                 batch = policy.schedule(view)
                 self.lora_skips = self.lora.skipped - skipped
+            elif (chunk_rule is not None and len(view.loose) == 1 and not view.waiting and not view.swapped
+                  and (batch := chunkstep.next_batch(chunk_rule, view)) is not None):
+                self.chunk_steps += 1                   # the cohort and one prefill's chunk, made without schedule()
             else:
                 batch = policy.schedule(view)
             if view.looked_up:
