@@ -213,40 +213,46 @@ def quiet_steps(cohort, t, start, s, cached, free, arrival, limit, steps, parts)
     # every key of both calendars is a step to come (later than s): their least is the next event of each kind
     nf = min(first_block) if first_block else math.inf
     nd = min(done_at) if done_at else math.inf
-    s0, free_sum, k, done = s, 0, 0, 0
-    new = []
-    while k < steps and t < arrival:
-        kv = cached + n
-        t2 = t + ((base + (a_d * kv + sdn + b_d)) + cpu)       # the float add SimPy's timeout would do
+    s0, t0, free_sum, done = s, t, 0, 0
+    last = s + steps
+    new = []                                                    # the steps' end times
+    while s < last and t < arrival:
+        cached += n                                             # (Σ context the step reads, and after it)
+        t2 = t + ((base + (a_d * cached + sdn + b_d)) + cpu)   # the float add SimPy's timeout would do
         if not t2 < limit:
+            cached -= n
             break                                               # the plain loop takes this step, after the router
-        s1 = s + 1
-        if s1 == nf:
-            res = s1 % bs
-            first = first_block[s1]
+        s += 1
+        if s == nf:
+            res = s % bs
+            first = first_block[s]
             due = taking[res] + first
             if due > free:
+                s -= 1
+                cached -= n
                 break                                           # KV short: the plain loop evicts
-            del first_block[s1]
+            del first_block[s]
             taking[res] += first
             nf = min(first_block) if first_block else math.inf
         else:
-            due = taking[s1 % bs]
+            due = taking[s % bs]
             if due > free:
+                s -= 1
+                cached -= n
                 break
         free -= due
-        start, t = t, t2
+        t = t2
         new.append(t2)
-        s, cached = s1, kv
-        k += 1
-        if s1 == nd:
-            if done_at[s1]:
-                done = s1                                       # popped below, once `ends` has room
+        if s == nd:
+            if done_at[s]:
+                done = s                                        # popped below, once `ends` has room
                 break
-            del done_at[s1]                                     # (members dropped since joining)
+            del done_at[s]                                      # (members dropped since joining)
             nd = min(done_at) if done_at else math.inf
         free_sum += free
+    k = s - s0
     if k:
+        start = new[-2] if k > 1 else t0
         ends = cohort.room(s0, k)
         lo = s0 - cohort.base
         ends[lo:lo + k] = new
