@@ -39,13 +39,18 @@ def _run(raw, record=False):
     return sim, sim.run()
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=st.sampled_from(["sarathi", "vllm-v1", "sarathi-p=c"]), seed=st.integers(0, 10_000),
-       rate=st.sampled_from([2.0, 8.0, 30.0]), M=st.sampled_from([2500, 12_000, 200_000]),
-       record=st.booleans())
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["sarathi", "vllm-v1", "vllm-v1-nocache", "sarathi-p=c", "sarathi-rmax"]),
+       seed=st.integers(0, 10_000), rate=st.sampled_from([2.0, 8.0, 30.0]),
+       M=st.sampled_from([2500, 12_000, 200_000]), record=st.booleans())
 def test_chunk_steps_are_the_schedulers_batches(policy, seed, rate, M, record):
-    """With the rule on and off (every step through schedule()), the same tables and counters; the rule fires."""
-    raw = _raw(policy, M, seed, rate)
+    """With the rule on and off (every step through schedule()), the same tables and counters; the rule fires.
+    Admissions are made by the rule without prefix caching (vLLM v1 with it off, Sarathi), declined at a running
+    cap (R_max 3) or the watermark."""
+    knobs = {"vllm-v1-nocache": {}, "sarathi-rmax": {"R_max": 3}}.get(policy, {})
+    raw = _raw(policy.replace("-nocache", "").replace("-rmax", ""), M, seed, rate, **knobs)
+    if policy == "vllm-v1-nocache":
+        raw["memory"]["prefix_caching"] = False
     on_sim, on = _run(raw, record)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(chunkstep, "rule", lambda policy, view: None)
@@ -81,6 +86,20 @@ def test_a_step_that_does_not_fit_goes_to_the_scheduler(M, rate):
     _same((off_sim, off), (on_sim, on))
     assert declined and on_sim.chunk_steps > 0
     assert on.summary["evictions"] > 0
+
+
+@pytest.mark.parametrize("watermark", [0.0, 0.2])
+def test_admissions_at_the_watermark_go_to_the_scheduler(watermark):
+    """Sarathi on tight KV with an admission watermark: the rule admits while free blocks stay above it and leaves
+    the rest to schedule(); the tables are the scheduler's either way."""
+    raw = _raw("sarathi", 3000, 3, 4.0)
+    raw["memory"]["watermark"] = watermark
+    on_sim, on = _run(raw)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(chunkstep, "rule", lambda policy, view: None)
+        off_sim, off = _run(raw)
+    _same((off_sim, off), (on_sim, on))
+    assert on_sim.chunk_steps > 0
 
 
 def test_the_rule_is_only_the_unified_schedulers_own():

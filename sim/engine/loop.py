@@ -116,7 +116,7 @@ class Simulation:
         self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
-        self.chunk_steps = 0                # scheduled steps made by chunkstep.next_batch, not the policy (diagnostics)
+        self.chunk_steps = 0                # scheduled steps made by chunkstep, not the policy (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
         self.spec_steady = specstretch.applies(self)   # steady speculative steps without the scheduler
@@ -235,9 +235,8 @@ class Simulation:
                 skipped = self.lora.skipped
                 batch = policy.schedule(view)
                 self.lora_skips = self.lora.skipped - skipped
-            elif (chunk_rule is not None and len(view.loose) == 1 and not view.waiting and not view.swapped
-                  and (batch := chunkstep.next_batch(chunk_rule, view)) is not None):
-                self.chunk_steps += 1                   # the cohort and one prefill's chunk, made without schedule()
+            elif chunk_rule is not None and (batch := chunkstep.step(chunk_rule, view)) is not None:
+                self.chunk_steps += 1                   # the cohort and a prefill chunk, made without schedule()
             else:
                 batch = policy.schedule(view)
             if view.looked_up:
