@@ -118,7 +118,7 @@ def test_quiet_steps_are_the_step_by_step_loop(policy, seed, rate, M):
     the same tables and counters, KV peaks and sums included."""
     raw = _raw(policy, M, seed, rate)
     quick_sim, quick = _run(raw)
-    with pytest.MonkeyPatch.context() as m:        # the loop then reads used tokens through the manager: its general loop
+    with pytest.MonkeyPatch.context() as m:        # used tokens read through the manager: the general loop
         m.setattr(loop, "KVCacheManager", type("Other", (), {"used_tokens": property(lambda self: 0)}))
         slow_sim, slow = _run(raw)
     _same((slow_sim, slow), (quick_sim, quick))

@@ -1,9 +1,9 @@
 """Scheduled steps of the two commonest states beside the decode cohort, made without the scheduler: the same batch.
 
-On a busy replica under Sarathi-Serve most scheduled steps (98% on the 100-replica fleet benchmark) find one of two
-states: nothing queued, the decode cohort, and one running request part way through its prompt (59%); or no
-running request outside the cohort and one request waiting, just arrived (39%). For the unified scheduler itself
-(not a subclass) in decode-first or running-first order, hybrid and chunked, schedule() then
+On a busy replica under Sarathi-Serve most scheduled steps (98% on the fleet benchmark's workload, 10 replicas
+× 30k) find one of two states: nothing queued, the decode cohort, and one running request part way through its
+prompt (59%); or no running request outside the cohort and one request waiting, just arrived (39%). For the
+unified scheduler itself (not a subclass) in decode-first or running-first order, hybrid and chunked, schedule() then
 (1) takes the whole cohort if its n decodes fit the budget C and its KV blocks due fit free memory, and (2) gives
 the prefill a chunk of min(prompt left, C - n, the chunk cap, P - n (or P where P counts prefill tokens only))
 tokens if that is positive and its blocks fit what is left (a waiting request: it is admitted with the policy's
@@ -24,7 +24,7 @@ from sim.kv.paged import KVCacheManager
 
 
 def rule(policy, view):
-    """The knobs next_batch needs when the policy's steps in that state can be made here (else None); fixed for
+    """The knobs step() needs when the policy's steps in those states can be made here (else None); fixed for
     a run. Only with a decode cohort (the engine checked Policy.decode_cohort), no adapters and no drafts."""
     from policies.unified import UnifiedScheduler
     c = policy.config
@@ -110,7 +110,8 @@ def admission(knobs, view):
     if n:
         context = cohort.take(stamp)
         batch.cohort, batch.cohort_context, batch.num_tokens = n, context, n
-    view.admit(r, tokens)                           # fits: checked above as KVCacheManager.admit checks
+    if not view.admit(r, tokens):                   # fits: checked above as KVCacheManager.admit checks
+        raise RuntimeError(f"chunkstep: {r!r} did not fit its admission after the cohort's take")
     r.sched_stamp = stamp
     batch.add(r, c, True)
     return batch

@@ -205,8 +205,9 @@ def quiet_steps(cohort, t, start, s, cached, free, arrival, limit, steps, parts)
     go into `ends` at once. The rules are _cohort_steps' step for step: each starts before `arrival`, ends
     before `limit`, fits its blocks, at most `steps` of them, stopping after one that completes members.
 
-    Returns (clock, start of the last step (`start` if none was taken), steps taken, free blocks, Σ free blocks after each step that
-    completed no one, the members the last step completed or ()): the caller writes the counters back."""
+    Returns (clock, start of the last step (`start` if none was taken), steps taken, free blocks, Σ free blocks
+    after each step that completed no one, the members the last step completed or ()): the caller writes the
+    counters back."""
     base, sdn, b_d, cpu, a_d = parts
     n, bs = cohort.n, cohort.block_size
     taking, first_block, done_at = cohort.taking, cohort.first_block, cohort.done_at
