@@ -9,7 +9,7 @@ from sim.engine import chunkstep, loop
 from sim.engine.cohort import DecodeCohort, quiet_steps
 from sim.scenario.build import build_simulation
 from sim.scenario.config import scenario_from_dict
-import pandas as pd
+from tests.test_fastforward import assert_same_runs as _same
 
 
 def _raw(policy, M, seed, rate, **policy_knobs):
@@ -19,18 +19,6 @@ def _raw(policy, M, seed, rate, **policy_knobs):
             "workload": {"kind": "poisson", "num_requests": 60, "rate": rate,
                          "prompt": {"dist": "uniform", "low": 200, "high": 1600},
                          "output": {"dist": "uniform", "low": 2, "high": 200}}}
-
-
-def _same(a_run, b_run):
-    """Two runs' tables, summaries and token times, identical."""
-    (a_sim, a), (b_sim, b) = a_run, b_run
-    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
-    pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
-    assert a.summary.keys() == b.summary.keys()
-    for k, v in a.summary.items():
-        assert v == b.summary[k] or (v != v and b.summary[k] != b.summary[k]), k    # NaN == NaN
-    for x, y in zip(a_sim.all_requests, b_sim.all_requests):
-        assert x.token_times == y.token_times, x
 
 
 def _run(raw, record=False):

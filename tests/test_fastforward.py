@@ -40,19 +40,25 @@ def _assert_identical(raw, table, stretches=True):
     return _assert_equal_runs(_run(raw, table, False), _run(raw, table, True, stretches))
 
 
+def assert_same_runs(a_run, b_run):
+    """Two runs' (sim, result): identical tables, summaries and (where kept) token times."""
+    (a_sim, a), (b_sim, b) = a_run, b_run
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+    assert a.summary.keys() == b.summary.keys()
+    for k, v in a.summary.items():
+        assert v == b.summary[k] or (v != v and b.summary[k] != b.summary[k]), k    # NaN == NaN
+    if a_sim.keep_token_times:
+        for x, y in zip(a_sim.all_requests, b_sim.all_requests):
+            assert x.token_times == y.token_times, x
+
+
 def _assert_equal_runs(plain_run, fast_run):
     """The plain loop's (sim, result) and the fast paths': identical tables, summaries and token times."""
-    (plain_sim, plain), (fast_sim, fast) = plain_run, fast_run
-    pd.testing.assert_frame_equal(plain.requests, fast.requests, check_exact=True)
-    pd.testing.assert_frame_equal(plain.iterations, fast.iterations, check_exact=True)
-    assert plain.summary.keys() == fast.summary.keys()
-    for k, v in plain.summary.items():
-        assert v == fast.summary[k] or (v != v and fast.summary[k] != fast.summary[k]), k    # NaN == NaN
+    assert_same_runs(plain_run, fast_run)
+    plain_sim = plain_run[0]
     assert plain_sim.fast_forward_iterations == 0 and plain_sim.cohort is None
-    if plain_sim.keep_token_times:
-        for a, b in zip(plain_sim.all_requests, fast_sim.all_requests):
-            assert a.token_times == b.token_times, a
-    return fast_sim, fast
+    return fast_run
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
