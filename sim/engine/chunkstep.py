@@ -28,8 +28,8 @@ def rule(policy, view):
     a run. Only with a decode cohort (the engine checked Policy.decode_cohort), no adapters and no drafts."""
     from policies.unified import UnifiedScheduler
     c = policy.config
-    if (type(policy) is not UnifiedScheduler or view.cohort is None or getattr(view, "lora", None) is not None
-            or getattr(view, "spec_tokens", 0) or not (c.hybrid and c.chunked)
+    if (type(policy) is not UnifiedScheduler or view.cohort is None or view.lora is not None
+            or view.spec_tokens or not (c.hybrid and c.chunked)
             or c.order not in ("decode_first", "running_first")):
         return None
     mem = view.memory
@@ -66,9 +66,7 @@ def next_batch(knobs, view):
     c = min(r.input_tokens - m, C - n, cap, P - n if p_counts_decode else P)
     if c <= 0:
         return None
-    extra = -(-(m + c) // mem.block_size) - r.blocks
-    if extra < 0:
-        extra = 0
+    extra = max(0, mem.blocks_for(m + c) - r.blocks)
     stamp = view.iteration
     batch = Batch()
     if n:
@@ -78,8 +76,7 @@ def next_batch(knobs, view):
         batch.cohort, batch.cohort_context, batch.num_tokens = n, context, n
     elif extra > mem.free_blocks:
         return None
-    mem.free_blocks -= extra
-    r.blocks += extra
+    mem.reserve(r, m + c)                           # fits: checked above (the cohort's blocks taken first)
     r.sched_stamp = stamp
     batch.add(r, c, True)
     return batch
