@@ -25,8 +25,9 @@ from sim.cluster.routers import checked_pick
 # `auto` runs in worker processes only from this many requests on: below it a pool's start (a fork per worker,
 # a few tens of milliseconds) and the tables' trip back would cost about what the second core saves.
 AUTO_MIN_REQUESTS = 50_000
-# tasks per worker: chunks small enough that the replicas' uneven lengths even out over the workers
-CHUNKS_PER_WORKER = 8
+# guided chunks: each task takes the replicas left over this many times the workers (at least one), so tasks
+# shrink as the run nears its end and the workers finish together (a fixed size left one idle for up to a task)
+GUIDED = 4
 # and at most about this many requests a chunk: a worker holds its chunk's tables (~300 bytes a request) until
 # the chunk is sent back, twice while it is pickled
 CHUNK_REQUESTS = 200_000
@@ -128,16 +129,18 @@ class Decomposed:
                 self.run_replica(i)
             return
         global _JOB
-        size = max(1, -(-len(used) // (workers * CHUNKS_PER_WORKER)))
-        chunks, chunk, held = [], [], 0
-        for i in used:                    # consecutive replicas, `size` or CHUNK_REQUESTS requests at most
-            n = int(self.bounds[i + 1] - self.bounds[i])
-            if chunk and (len(chunk) == size or held + n > CHUNK_REQUESTS):
-                chunks.append(chunk)
-                chunk, held = [], 0
-            chunk.append(i)
-            held += n
-        chunks.append(chunk)
+        chunks, at = [], 0
+        while at < len(used):             # consecutive replicas, CHUNK_REQUESTS requests at most
+            size = max(1, -(-(len(used) - at) // (workers * GUIDED)))
+            chunk, held = [], 0
+            while at < len(used) and len(chunk) < size:
+                n = int(self.bounds[used[at] + 1] - self.bounds[used[at]])
+                if chunk and held + n > CHUNK_REQUESTS:
+                    break
+                chunk.append(used[at])
+                held += n
+                at += 1
+            chunks.append(chunk)
         _JOB = self                       # what the forked workers inherit
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         try:
