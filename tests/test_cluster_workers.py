@@ -178,3 +178,20 @@ def test_an_extension_that_picks_its_own_way_is_asked_request_by_request(monkeyp
     for workers in (1, 2):
         _, res = _run(_raw("last", workers=workers))
         assert set(res.requests["replica"]) == {6}
+
+
+def test_guided_chunks_cover_every_replica_once_and_shrink():
+    """The pool's tasks: every replica once, in order, consecutive; sizes shrink towards one replica at the end;
+    the request cap splits tasks except where one replica alone is over it."""
+    replicas = list(range(3, 103))                  # 100 replicas with requests (indices need not start at 0)
+    chunks = decompose.guided_chunks(replicas, [10] * 100, workers=2)
+    assert [i for c in chunks for i in c] == replicas
+    sizes = [len(c) for c in chunks]
+    assert sizes[0] == 13                           # ceil(100 / (2 workers x 4)), worked by hand
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 1
+    assert sum(sizes) == 100
+    cap = decompose.CHUNK_REQUESTS
+    big = decompose.guided_chunks(list(range(40)), [cap // 2, cap // 2, cap + 5] + [1] * 37, workers=1)
+    # tasks of ceil(40 / 4) = 10 replicas: the cap takes two halves; a replica over it runs alone; then 10 again
+    assert big[:3] == [[0, 1], [2], list(range(3, 13))]
+    assert decompose.guided_chunks([], [], workers=2) == []

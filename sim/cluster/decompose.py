@@ -94,6 +94,24 @@ def _places_as_it_picks(router) -> bool:
     return place_owner is pick_owner
 
 
+def guided_chunks(replicas: list, requests: list, workers: int) -> list:
+    """The replicas (with requests[j] requests each) cut into consecutive tasks for the pool: each task takes the
+    replicas left over GUIDED times the workers, at least one, and CHUNK_REQUESTS requests at most unless a single
+    replica has more."""
+    chunks, at = [], 0
+    while at < len(replicas):
+        size = max(1, -(-(len(replicas) - at) // (workers * GUIDED)))
+        chunk, held = [], 0
+        while at < len(replicas) and len(chunk) < size:
+            if chunk and held + requests[at] > CHUNK_REQUESTS:
+                break
+            chunk.append(replicas[at])
+            held += requests[at]
+            at += 1
+        chunks.append(chunk)
+    return chunks
+
+
 class Decomposed:
     """The placed requests grouped by replica (each group in arrival order) and the per-replica run."""
 
@@ -129,18 +147,7 @@ class Decomposed:
                 self.run_replica(i)
             return
         global _JOB
-        chunks, at = [], 0
-        while at < len(used):             # consecutive replicas, CHUNK_REQUESTS requests at most
-            size = max(1, -(-(len(used) - at) // (workers * GUIDED)))
-            chunk, held = [], 0
-            while at < len(used) and len(chunk) < size:
-                n = int(self.bounds[used[at] + 1] - self.bounds[used[at]])
-                if chunk and held + n > CHUNK_REQUESTS:
-                    break
-                chunk.append(used[at])
-                held += n
-                at += 1
-            chunks.append(chunk)
+        chunks = guided_chunks(used, [int(self.bounds[i + 1] - self.bounds[i]) for i in used], workers)
         _JOB = self                       # what the forked workers inherit
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         try:
