@@ -178,3 +178,69 @@ def test_chunk_size_by_gpu_memory_follows_sglangs_tiers():
     assert [chunk_default(g * G) for g in (16, 24, 40, 48, 80, 141, 192)] == [2048, 4096, 4096, 4096, 8192, 8192,
                                                                               16384]
     assert chunk_default(None) == 4096
+
+
+@pytest.mark.parametrize("policy,memory", [("sglang-lpm", {"M": 20000}), ("sglang", {"M": 12000}),
+                                           ("sglang", {"M": 20000, "cpu_offload_gib": 0.2}),
+                                           ("vllm-v1", {"M": 12000})])
+def test_a_chains_cached_run_by_bisection_is_the_scan(policy, memory):
+    """The radix cache finds a chain's cached leading blocks by bisection (a cached block's parent is cached);
+    every lookup of a run under eviction gives what the block-by-block scan gives. vLLM's manager keeps the scan
+    (see the next test for why)."""
+    sim = build_simulation(_shared(policy, memory=memory))
+    mem = sim.memory
+    closed = type(mem).prefix_closed
+    assert closed == isinstance(mem, RadixKVManager)
+    calls, differ = [0], [0]
+
+    def both(ids, limit):
+        n = 0
+        while n < limit and ids[n] in mem.ref:
+            n += 1
+        type(mem).prefix_closed = True
+        try:
+            bisected = PrefixCachingKVManager._cached_run(mem, ids, limit)
+        finally:
+            type(mem).prefix_closed = closed
+        calls[0] += 1
+        differ[0] += bisected != n
+        return n
+
+    mem._cached_run = both
+    res = sim.run()
+    assert (res.requests["status"] == "done").all()
+    assert calls[0] > 100 and mem.stats()["prefix_evicted_blocks"] > 0
+    if closed:
+        assert differ[0] == 0
+
+
+def test_vllms_free_queue_can_strand_cached_blocks_so_it_scans():
+    """Worked by hand on 16 blocks of 4 tokens. r2 holds the chain A, B, C of a 12-token shared prompt; r1 holds A
+    only. Both finish at t = 1, r2 first. Frees queue by (time, request id), so r1's blank block and A come first,
+    then r2's blank block, C and B. Taking 13 blocks (11 pristine, r1's blank block, A) evicts A and leaves B and C
+    cached with nothing before them. A lookup of the chain must then find 0 blocks. A bisection would probe B and C
+    and find 3, which is why only the radix cache, which evicts leaves only, may bisect."""
+    mem = PrefixCachingKVManager(64, block_size=4)
+    assert not mem.prefix_closed and RadixKVManager.prefix_closed
+    r2 = Request(2, 0.0, 13, 1, prefix=(("s", 12),))
+    mem.lookup(r2)
+    assert mem.admit(r2, 13)
+    mem.register(r2, 12)
+    r1 = Request(1, 0.0, 5, 1, prefix=(("s", 4),))
+    assert mem.lookup(r1) == 4
+    assert mem.admit(r1, 5)
+    assert mem.free_blocks == 11
+    _finish(mem, r2, 1.0)
+    _finish(mem, r1, 1.0)
+    r3 = Request(3, 0.0, 52, 1)
+    mem.lookup(r3)
+    assert mem.admit(r3, 52)
+    r4 = Request(4, 0.0, 13, 1, prefix=(("s", 12),))
+    assert mem.lookup(r4) == 0                          # A is gone: no leading block is cached
+    a, b, c = r4.chain[0][:3]
+    assert a not in mem.ref and b in mem.ref and c in mem.ref
+    PrefixCachingKVManager.prefix_closed = True
+    try:
+        assert mem._cached_run(r4.chain[0], 3) == 3     # what bisecting would wrongly answer here
+    finally:
+        PrefixCachingKVManager.prefix_closed = False

@@ -147,6 +147,9 @@ class PrefixCachingKVManager(KVCacheManager):
     """The paged manager with vLLM v1's automatic prefix caching and an optional CPU offload tier."""
 
     exact_counts = True            # block accounting stays plain counts: the decode cohort may run on it
+    # the cached identities are closed under "parent of": not here (the free queue can evict an inner block and
+    # strand the cached blocks after it), always under SGLang's leaf-first eviction (sim/kv/radix.py)
+    prefix_closed = False
     caches_finished_tails = False  # a finished request's private blocks are blank (vLLM's queue holds them in the
                                    # same places; nobody can hit them), not identities to intern and count
 
@@ -273,9 +276,7 @@ class PrefixCachingKVManager(KVCacheManager):
             req.hit = None
             return 0
         ids = self.chains.chain(req, limit)
-        ref, gpu = self.ref, 0
-        while gpu < limit and ids[gpu] in ref:
-            gpu += 1
+        gpu = self._cached_run(ids, limit)
         cpu_n = 0
         if self.cpu_capacity:
             cpu = self.cpu
@@ -292,11 +293,25 @@ class PrefixCachingKVManager(KVCacheManager):
             return 0
         self._settle()
         ids = self.chains.prefix_walk(req.prefix)[0]
-        limit = min(len(ids), (req.prompt_tokens - 1) // self.block_size)
-        ref, n = self.ref, 0
+        return self._cached_run(ids, min(len(ids), (req.prompt_tokens - 1) // self.block_size)) * self.block_size
+
+    def _cached_run(self, ids, limit: int) -> int:
+        """How many of the chain's first `limit` identities are cached, counted from the first up to one that is
+        not. With `prefix_closed` (a cached block's parent is always cached) that is a bisection."""
+        ref = self.ref
+        if self.prefix_closed:
+            lo, hi = 0, limit
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ids[mid] in ref:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return lo
+        n = 0
         while n < limit and ids[n] in ref:
             n += 1
-        return n * self.block_size
+        return n
 
     def admit(self, req, tokens: int) -> bool:
         """Take the hit found by lookup (touch GPU blocks, load CPU ones into fresh blocks), then reserve `tokens`."""

@@ -42,6 +42,9 @@ class RadixKVManager(PrefixCachingKVManager):
     # SGLang inserts a finished request's whole sequence into the tree (cache_finished_req): its own blocks become
     # leaves, evicted by last access like any other, not free slots used before every cached block
     caches_finished_tails = True
+    # only leaves are evicted and a chain is registered from its cached head on, so a cached block's parent is
+    # cached: a chain's cached blocks are a leading run, found by bisection (PrefixCachingKVManager._cached_run)
+    prefix_closed = True
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.0,
                  swap_capacity_tokens: int = 0, cpu_cache_blocks: int = 0):
