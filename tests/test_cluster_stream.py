@@ -199,15 +199,43 @@ def test_compacted_end_times_give_the_plain_loops_tables(router, costmodel, monk
 
 
 @pytest.mark.parametrize("M,record", [(4000, False), (4000, True), (30000, False)])
-def test_inlined_walks_give_the_plain_loops_tables(M, record):
-    """The lookahead's walk under the inlined linear step time (its own loop) gives the plain loop's tables bit for
-    bit, with KV tight enough for shortfalls and with or without the iteration table."""
+def test_sleeps_on_the_closed_form_bound_give_the_plain_loops_tables(M, record):
+    """Under the linear model a sleeping replica wakes at a closed-form bound on its next completion instead of
+    walking its steps: the plain loop's tables bit for bit, with KV tight enough for shortfalls and with or
+    without the iteration table."""
     def raw(fast):
         return {**_raw(replicas=3, fast=fast, M=M, record=record), "costmodel": {"kind": "linear"}}
     c, run, fast = _tables(raw(True))
-    assert sum(h.sim.walked_iterations for h in run.replicas if h.built) > 0
+    sims = [h.sim for h in run.replicas if h.built]
+    assert sum(s.bound_sleeps for s in sims) > 0 and sum(s.walked_iterations for s in sims) == 0
     _, _, plain = _tables(raw(False))
     _same(fast, plain)
+
+
+@pytest.mark.parametrize("M", [4000, 30000])
+def test_the_wake_bound_is_the_walks_end_less_a_hair(M, monkeypatch):
+    """The closed-form bound is never after the end the step-by-step walk finds (the next completion, or the start
+    of a step short of KV), and where KV is not what stops the walk it is within a microsecond of it."""
+    from sim.engine.loop import Simulation
+    bound = Simulation._cohort_wake_bound
+    seen = []
+
+    def both(self, t, stop, max_steps=4096):
+        b = bound(self, t, stop, max_steps)
+        cohort = self.cohort
+        most = max(cohort.taking) + 2 * sum(cohort.first_block.values())
+        done = min(cohort.done_at) - cohort.steps if cohort.done_at else max_steps
+        kv_free = not most or self.memory.free_blocks // most >= done
+        walk = Simulation._cohort_lookahead(self, t, stop, max_steps)
+        self._lookahead = None
+        seen.append((b, walk, kv_free and done <= max_steps))
+        return b
+    monkeypatch.setattr(Simulation, "_cohort_wake_bound", both)
+    _tables({**_raw(replicas=3, M=M), "costmodel": {"kind": "linear"}})
+    assert len(seen) > 50
+    assert all(b <= w for b, w, _ in seen)
+    tight = [w - b for b, w, exact in seen if exact and b > 0]
+    assert tight and max(tight) < 1e-6
 
 
 def _frame(rng, n, replica, t_choices):

@@ -116,6 +116,7 @@ class Simulation:
         self.fast_forward = FastForward(self) if fast_forward and not per_step else None
         self.fast_forward_iterations = 0    # iterations advanced in closed form (diagnostics)
         self.walked_iterations = 0          # ... of them, cohort steps applied from a lookahead's walk (diagnostics)
+        self.bound_sleeps = 0               # sleeps until a closed-form bound on the next completion (diagnostics)
         self.chunk_steps = 0                # scheduled steps made by chunkstep, not the policy (diagnostics)
         self.tally = None if record_iterations else IterationTally()   # summary totals without the table
         self.exact_fast_paths = fast_forward    # closed-form stretches and the decode cohort (both exact)
@@ -546,7 +547,11 @@ class Simulation:
                 # A cluster whose router reads only its ledgers: sleep through the steps before the next one that
                 # changes them (a completion) or needs the plain loop (a KV shortfall), unless the router's next
                 # decision comes after it; the steps are committed when the replica wakes, exactly as below.
-                wake = self._cohort_lookahead(t, self.max_iterations or math.inf)
+                stop = self.max_iterations or math.inf
+                if self._step_time.inline and self.lora is None:
+                    wake = self._cohort_wake_bound(t, stop)
+                else:
+                    wake = self._cohort_lookahead(t, stop)
                 if wake > clock.time:
                     yield Until(wake)
                     continue
@@ -754,10 +759,34 @@ class Simulation:
                 break                                  # (a session's next turn is an arrival to stop at)
         return t, start, finished
 
+    def _cohort_wake_bound(self, t: float, stop, max_steps: int = 4096) -> float:
+        """A time no later than the end of the step at which the steady cohort, left alone from t, first completes
+        a member, nor than the start of a step it would be short of KV for, nor than the end of its last step
+        within `stop` or max_steps: the linear model's decode step is affine in Σ context, which grows by n a step,
+        so the steps' times have a closed-form sum, taken in real numbers less a margin far above the rounding of
+        the clock's float adds. The replica sleeps until then instead of walking the steps (_cohort_lookahead):
+        waking a little early costs a resume, never a missed decision, and _cohort_steps commits the steps."""
+        cohort = self.cohort
+        n = cohort.n
+        m = min(cohort.done_at) - cohort.steps if cohort.done_at else max_steps
+        m = min(m, max_steps, stop - self.view.iteration)
+        # KV: a step takes its residue's count, which the first blocks still due can only raise, plus a first
+        # block of its own: at most max(taking) + 2 Σ first blocks, so this many steps surely fit
+        most = max(cohort.taking) + 2 * sum(cohort.first_block.values())
+        if most:
+            m = min(m, self.memory.free_blocks // most)
+        if m <= 0:
+            return t
+        self.bound_sleeps += 1
+        base, sdn, b_d, cpu, a_d = self._step_time.at(n)
+        total = m * (base + sdn + b_d + cpu + a_d * cohort.cached) + a_d * n * (m * (m + 1) / 2)
+        return t + total - (1e-9 + 1e-11 * (abs(t) + abs(total)))
+
     def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
         """When the steady cohort, left alone from time t, first completes a member (the end of that step) or would
         be short of KV (the start of that step), with the step times _skip_cohort's loop would compute, nothing
-        committed; after max_steps steps (or at max_iterations) the end of the last."""
+        committed; after max_steps steps (or at max_iterations) the end of the last. For step times without a
+        closed form (a model that is not inlined, adapters); the linear model sleeps on _cohort_wake_bound."""
         cohort = self.cohort
         n, context = cohort.n, cohort.cached
         key = (t, cohort.steps, n, context, self.memory.free_blocks)
@@ -784,43 +813,6 @@ class Simulation:
         wake = t
         ends, dts, frees, events = [], [], [], []
         completes = False
-        if inline and lt is None:
-            # the loop below, specialised: first-block steps looked up only where one is due (they are few), the
-            # step times kept only for a table that records them
-            keep_dts = self.record_iterations
-            firsts = sorted(f for f, c in first_block.items() if s < f <= s + steps and c)
-            firsts.append(math.inf)
-            fi, nxt = 0, firsts[0]
-            for _ in range(steps):
-                s += 1
-                res = s % bs
-                if s == nxt:
-                    first = first_block[s]
-                    fi += 1
-                    nxt = firsts[fi]
-                    due = taking[res] + first
-                    if due > free:
-                        break
-                    taking[res] += first
-                    events.append((s, res, first))
-                else:
-                    due = taking[res]
-                    if due > free:
-                        break
-                free -= due
-                context += n
-                dt = (base + (a_d * context + sdn + b_d)) + cpu
-                wake = wake + dt
-                ends.append(wake)
-                if keep_dts:
-                    dts.append(dt)
-                frees.append(free)
-                if s == done:
-                    completes = True
-                    break
-            walk = (ends, dts, frees, events, len(ends) - completes)
-            self._lookahead = (key, wake, walk)
-            return wake
         for _ in range(steps):
             s += 1
             res = s % bs
