@@ -127,6 +127,7 @@ class Simulation:
         self.spec_done: list = []       # steady verify steps' completions whose TBT statistics wait (finalize_many)
         self.cohort = None                      # the steady decode cohort, set up by run() where it applies
         self._lookahead = None                  # (state, time) of the last _cohort_lookahead
+        self._bound = None                      # (state, time) of the last _cohort_wake_bound
         self._step_time = DecodeStepTime(costmodel)   # a cohort-only step's time (sim/engine/steptime.py)
         self.arrival_clock = None               # the arrivals without SimPy (fast paths), set up by run()
         self.on_complete = None                 # cluster: called with each request as it completes
@@ -768,6 +769,9 @@ class Simulation:
         waking a little early costs a resume, never a missed decision, and _cohort_steps commits the steps."""
         cohort = self.cohort
         n = cohort.n
+        key = (t, cohort.steps, n, cohort.cached, self.memory.free_blocks, self.view.iteration, stop)
+        if self._bound is not None and self._bound[0] == key:
+            return self._bound[1]               # woken where it slept: the same answer
         m = min(cohort.done_at) - cohort.steps if cohort.done_at else max_steps
         m = min(m, max_steps, stop - self.view.iteration)
         # KV: a step takes its residue's count, which the first blocks still due can only raise, plus a first
@@ -780,7 +784,9 @@ class Simulation:
         self.bound_sleeps += 1
         base, sdn, b_d, cpu, a_d = self._step_time.at(n)
         total = m * (base + sdn + b_d + cpu + a_d * cohort.cached) + a_d * n * (m * (m + 1) / 2)
-        return t + total - (1e-9 + 1e-11 * (abs(t) + abs(total)))
+        wake = t + total - (1e-9 + 1e-11 * (abs(t) + abs(total)))
+        self._bound = (key, wake)
+        return wake
 
     def _cohort_lookahead(self, t: float, stop, max_steps: int = 4096) -> float:
         """When the steady cohort, left alone from time t, first completes a member (the end of that step) or would
