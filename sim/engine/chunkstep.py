@@ -98,15 +98,17 @@ def admission(knobs, view):
     if c <= 0 or (policy.R_max and len(view.running) >= policy.R_max):
         return None
     tokens = policy._admission_target(r, c)
-    due = cohort.blocks_due() if n else 0
     extra = mem.blocks_for(tokens)
-    if due > mem.free_blocks or (extra > 0 and mem.free_blocks - due - extra < mem.watermark_blocks):
-        return None
+    reserve = extra + mem.watermark_blocks if extra > 0 else 0     # KVCacheManager.admit's rule, after the cohort
     stamp = view.iteration
     batch = Batch()
     if n:
-        context = cohort.take(stamp)
+        context = cohort.take(stamp, reserve)       # None: the cohort's blocks and the admission do not both fit
+        if context is None:
+            return None
         batch.cohort, batch.cohort_context, batch.num_tokens = n, context, n
+    elif reserve > mem.free_blocks:
+        return None
     if not view.admit(r, tokens):                   # fits: checked above as KVCacheManager.admit checks
         raise RuntimeError(f"chunkstep: {r!r} did not fit its admission after the cohort's take")
     r.sched_stamp = stamp
