@@ -6,9 +6,9 @@ Cases (each an example file, its feature turned off by one override):
   multi-lora        examples/multi-lora.yaml             off: lora=null
   disk-tier         examples/sglang-radix.yaml on vLLM v1 with CPU and disk tiers   off: no disk tier
   sessions          examples/agentic-sessions.yaml       off: closed_loop false (the same turns, open loop)
-Best of --repeat runs each, in this process, the runs with and without the feature taken in turn; the ratio on/off is what issue #32 bounds (<= 1.3). Features that turn
-the exact fast paths off (speculation, LoRA, sessions) are also timed against the off run without them
-(sim.fast_forward false), which isolates the feature's own work.
+Best of --repeat runs each, in this process, the runs with and without the feature taken in turn; the ratio on/off
+is what issue #32 bounds (<= 1.3). Features that turn the exact fast paths off (speculation, LoRA, sessions) are
+also timed against the off run without them (sim.fast_forward false), which isolates the feature's own work.
 
   PYTHONPATH=. python benchmarks/engines_cost.py [--repeat 3] [--cases speculative,...] [--out FILE]
 """

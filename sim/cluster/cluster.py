@@ -573,11 +573,12 @@ class Cluster:
         heapq.heappush(self.heap, (float(t), h.index, h.version))
 
     def _woken_at(self, h, t: float) -> float:
-        """When to resume a sleeping replica that the router has just sent a request at t: not at t, but at the
-        end of its walked step that the arrival falls in (sim/engine/loop.py, _cohort_lookahead), which it
-        must run before it can take the request and would otherwise stop at to wait for the router; that
-        end is never later than the first point it would wait at, nor than its first completion, so no
-        routing decision before it misses anything it does."""
+        """When to resume a sleeping replica that the router has just sent a request at t. A replica that walked
+        its steps (sim/engine/loop.py, _cohort_lookahead) resumes at the end of the walked step the arrival falls
+        in, which it must run before it can take the request and would otherwise stop at to wait for the router;
+        that end is never later than the first point it would wait at, nor than its first completion, so no
+        routing decision before it misses anything it does. One that slept on a bound (_cohort_wake_bound,
+        nothing walked) resumes at t and commits its steps up to the arrival then."""
         sim = h._sim
         look = sim._lookahead
         if look is None or sim.max_iterations:
