@@ -244,3 +244,61 @@ def test_vllms_free_queue_can_strand_cached_blocks_so_it_scans():
         assert mem._cached_run(r4.chain[0], 3) == 3     # what bisecting would wrongly answer here
     finally:
         PrefixCachingKVManager.prefix_closed = False
+
+
+def _settle_one_heap(mem) -> None:
+    """The radix cache's settle written the plain way: every eviction candidate in one heap on (last access, push
+    order); the least valid one evicted first. The manager keeps them in a FIFO and a heap instead."""
+    import heapq
+    for t, _, keys, n in sorted(mem.pending, key=lambda p: (p[0], p[1])):
+        for k in keys:
+            mem.queue[k] = None
+            if k >= 0:
+                mem.last_access[k] = t
+                mem._pushes += 1
+                heapq.heappush(mem.heap, (t, mem._pushes, k))
+        mem.queued += n
+    mem.pending.clear()
+    debt = mem._owed()
+    while debt and mem.runs:
+        k = next(iter(mem.runs))
+        took = min(debt, mem.runs[k])
+        debt -= took
+        if took == mem.runs[k]:
+            del mem.runs[k], mem.queue[k]
+        else:
+            mem.runs[k] -= took
+    while debt:
+        t, _, k = heapq.heappop(mem.heap)
+        if mem.ref.get(k, 1) or mem.children.get(k) or mem.last_access.get(k) != t:
+            continue
+        del mem.queue[k], mem.ref[k]
+        mem.evicted_blocks += 1
+        mem.evicted_leaves += 1
+        debt -= 1
+        p = mem.chains.parent[k]
+        if p >= 0:
+            mem.children[p] -= 1
+            if not mem.children[p]:
+                del mem.children[p]
+                if mem.ref.get(p, 1) == 0:
+                    mem._pushes += 1
+                    heapq.heappush(mem.heap, (mem.last_access[p], mem._pushes, p))
+
+
+@pytest.mark.parametrize("policy,memory", [("sglang-lpm", {"M": 20000}), ("sglang", {"M": 9000}),
+                                           ("sglang", {"M": 20000, "cpu_offload_gib": 0.2})])
+def test_radix_eviction_order_is_one_heaps(policy, memory, monkeypatch):
+    """The eviction candidates wait in a FIFO (pushed in time order) and a heap (parents that became leaves, with
+    their older last access); the least of the two heads goes first. Runs under eviction (over 1,000 leaves each)
+    give the same tables, and evict as many leaves, as the one heap the rule describes."""
+    sim = build_simulation(_shared(policy, memory=memory))
+    mem = sim.memory
+    res = sim.run()
+    assert mem.evicted_leaves > 1000
+    monkeypatch.setattr(RadixKVManager, "_settle", _settle_one_heap)
+    ref_sim = build_simulation(_shared(policy, memory=memory))
+    ref = ref_sim.run()
+    assert ref_sim.memory.evicted_leaves == mem.evicted_leaves
+    assert ref.requests.equals(res.requests) and ref.iterations.equals(res.iterations)
+

@@ -16,6 +16,7 @@ which can drop an inner block and strand the cached blocks after it; this one ca
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 from sim.kv.prefix_cache import BlockChains, PrefixCachingKVManager
 
@@ -52,7 +53,12 @@ class RadixKVManager(PrefixCachingKVManager):
         self.chains = TreeChains(self.block_size)
         self.children: dict = {}             # identity -> its cached children
         self.last_access: dict = {}          # identity -> time it was last released
-        self.heap: list = []                 # (last access, push order, identity): eviction candidates, lazily
+        # eviction candidates (last access, push order, identity), checked when taken (lazily): most are pushed in
+        # order (frees come in time order), so they wait in a FIFO; one pushed out of order (a parent that became
+        # a leaf, with its older last access) goes to a heap. The least of the two heads is the least candidate.
+        self.fifo: deque = deque()
+        self.heap: list = []
+        self._fifo_t = -float("inf")         # the last access of the FIFO's newest entry
         self._pushes = 0
         self.evicted_leaves = 0              # cached blocks evicted (always leaves here)
 
@@ -87,16 +93,26 @@ class RadixKVManager(PrefixCachingKVManager):
         pending = self.pending
         if pending:
             pending.sort(key=lambda p: (p[0], p[1]))
-            last, push, pushes, queued = self.last_access, heapq.heappush, self._pushes, self.queued
+            last, pushes, queued = self.last_access, self._pushes, self.queued
+            append, tail = self.fifo.append, self._fifo_t
             for t, _, keys, n in pending:
-                for k in keys:
-                    q[k] = None
-                    if k >= 0:
-                        last[k] = t
-                        pushes += 1
-                        push(heap, (t, pushes, k))
+                if t < tail:                    # out of order (frees are stamped by a clock that only advances)
+                    for k in keys:
+                        q[k] = None
+                        if k >= 0:
+                            last[k] = t
+                            pushes += 1
+                            heapq.heappush(heap, (t, pushes, k))
+                else:
+                    tail = t
+                    for k in keys:
+                        q[k] = None
+                        if k >= 0:
+                            last[k] = t
+                            pushes += 1
+                            append((t, pushes, k))
                 queued += n
-            self._pushes, self.queued = pushes, queued
+            self._pushes, self.queued, self._fifo_t = pushes, queued, tail
             pending.clear()
         debt = self._owed()
         if not debt:
@@ -115,11 +131,15 @@ class RadixKVManager(PrefixCachingKVManager):
         if not debt:
             return
         children, parent, last = self.children, self.chains.parent, self.last_access
-        pop, evicted = heapq.heappop, 0
+        fifo, pop, evicted = self.fifo, heapq.heappop, 0
+        popleft = fifo.popleft
         while debt:
-            if not heap:
+            if heap and (not fifo or heap[0] < fifo[0]):
+                t, _, k = pop(heap)
+            elif fifo:
+                t, _, k = popleft()
+            else:
                 raise RuntimeError("radix cache: allocations took more blocks than are free or evictable")
-            t, _, k = pop(heap)
             if ref.get(k, 1) or children.get(k) or last.get(k) != t:
                 continue                        # in use again, not a leaf (yet), or an older entry
             del q[k]
@@ -135,7 +155,12 @@ class RadixKVManager(PrefixCachingKVManager):
                     del children[p]
                     if ref.get(p, 1) == 0:      # the parent is an unreferenced leaf now
                         self._pushes += 1
-                        heapq.heappush(heap, (last[p], self._pushes, p))
+                        t = last[p]
+                        if t < self._fifo_t:
+                            heapq.heappush(heap, (t, self._pushes, p))
+                        else:
+                            self._fifo_t = t
+                            fifo.append((t, self._pushes, p))
         self.evicted_blocks += evicted
         self.evicted_leaves += evicted
 
