@@ -28,18 +28,33 @@ class DiskTier:
         self.disk_writes = 0                       # blocks the CPU tier demoted to disk
 
     def _to_cpu(self, k) -> None:
-        self.disk.pop(k, None)                     # a block lives in one tier below the GPU
-        super()._to_cpu(k)
-
-    def _trim_cpu(self) -> None:
-        cpu, disk = self.cpu, self.disk
-        while len(cpu) > self.cpu_capacity:
+        """The prefix cache's _to_cpu with the disk under it, in one call (it runs for every freed cached block):
+        the block leaves the disk (a block lives in one tier below the GPU), joins the CPU tier or is touched there,
+        and a block the CPU tier then holds too many of goes down to disk."""
+        disk = self.disk
+        disk.pop(k, None)
+        if not self.cpu_capacity:
+            return
+        cpu = self.cpu
+        if k in cpu:
+            cpu.move_to_end(k)
+            return
+        cpu[k] = None
+        while len(cpu) > self.cpu_capacity:       # full: the least recently used go down to disk
             old, _ = cpu.popitem(last=False)
             if self.disk_capacity:
                 if len(disk) >= self.disk_capacity:
                     disk.popitem(last=False)
                 disk[old] = None
                 self.disk_writes += 1
+
+    def _trim_cpu(self) -> None:
+        """The CPU tier back to its capacity after promotions (admit): its newest block goes in again through
+        _to_cpu, whose loop sends the least recently used ones down to disk (the newest is on no disk: a block
+        lives in one tier)."""
+        if len(self.cpu) > self.cpu_capacity:
+            k, _ = self.cpu.popitem()
+            self._to_cpu(k)
 
     def lookup(self, req) -> int:
         cached = super().lookup(req)
