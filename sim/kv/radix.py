@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from functools import partial
 
 from sim.kv.prefix_cache import BlockChains, PrefixCachingKVManager
 
@@ -97,20 +98,15 @@ class RadixKVManager(PrefixCachingKVManager):
             append, tail = self.fifo.append, self._fifo_t
             for t, _, keys, n in pending:
                 if t < tail:                    # out of order (frees are stamped by a clock that only advances)
-                    for k in keys:
-                        q[k] = None
-                        if k >= 0:
-                            last[k] = t
-                            pushes += 1
-                            heapq.heappush(heap, (t, pushes, k))
+                    push = partial(heapq.heappush, heap)
                 else:
-                    tail = t
-                    for k in keys:
-                        q[k] = None
-                        if k >= 0:
-                            last[k] = t
-                            pushes += 1
-                            append((t, pushes, k))
+                    push, tail = append, t
+                for k in keys:
+                    q[k] = None
+                    if k >= 0:
+                        last[k] = t
+                        pushes += 1
+                        push((t, pushes, k))
                 queued += n
             self._pushes, self.queued, self._fifo_t = pushes, queued, tail
             pending.clear()
