@@ -62,8 +62,9 @@ def _instructions(path, overrides, runs):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode or not found:
+        said = [line for line in out.stderr.splitlines() if line.strip() and not line.startswith("==")]
         raise SystemExit(f"engines_cost: callgrind run of {path.name} {' '.join(overrides)} failed: "
-                         f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+                         f"{said[-1] if said else f'exit status {out.returncode}'}")
     return int(found.group(1))
 
 
