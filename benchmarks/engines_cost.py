@@ -1,4 +1,4 @@
-"""What each 2026-engine feature costs to simulate: the same example with the feature on and off, wall time side by side.
+"""What each 2026-engine feature costs to simulate: the same example with the feature on and off, side by side.
 
 Cases (each an example file, its feature turned off by one override):
   speculative       examples/speculative.yaml            off: speculative=null
