@@ -11,8 +11,9 @@ Eviction (SGLang mem_cache/radix_cache.py, evict): free slots that hold nothing 
 then blank blocks); only when they run out are cached blocks evicted, one leaf at a time, the leaf with the
 oldest last access first (a FIFO and a heap on last_access_time, see __init__), and a parent whose last cached
 child went becomes a leaf in turn. A node's last access is when it was last released (its holders finished or
-were retracted); ties go to the order the blocks were freed, tail first. vLLM's manager (the parent class) instead evicts in free-queue order,
-which can drop an inner block and strand the cached blocks after it; this one cannot."""
+were retracted); ties go to the order the blocks were freed, tail first. vLLM's manager (the parent class)
+instead evicts in free-queue order, which can drop an inner block and strand the cached blocks after it; this one
+cannot."""
 from __future__ import annotations
 
 import heapq
