@@ -4,13 +4,14 @@ Cases (each in its own process, so peak RSS and wall time are clean):
   n1       the Azure 2023 conv trace (or, without the shared data, 10,000 Poisson requests) on one A100 under
            Sarathi and vLLM v1: a plain scenario vs the same scenario as a one-replica cluster (best of 3)
   fleet    1,000,000 Poisson requests with conv-like log-normal lengths at 3 req/s per replica over 100 A100
-           replicas behind least-outstanding-tokens (the path every load-aware router takes), no iteration tables
+           replicas behind least-outstanding-tokens (the path every load-aware router takes), no iteration tables;
+           --report-interval S: the router learns of completions from load reports every S seconds
   fleet_rr the same behind round-robin: every replica runs on its own, the floor any router's run can reach;
            with more than one CPU, in worker processes (cluster.workers: auto; --workers N sets it)
   idle     40 requests on 20,000 replicas behind least_requests (--idle-replicas): what idle replicas cost
 
   PYTHONPATH=. python benchmarks/cluster_bench.py [--cases n1,idle,fleet_rr,fleet] [--requests 1000000]
-      [--replicas 100] [--idle-replicas 20000] [--workers auto|N] [--baseline DIR]
+      [--replicas 100] [--idle-replicas 20000] [--workers auto|N] [--report-interval S] [--baseline DIR]
 
 --baseline DIR runs each case also from another checkout (DIR, e.g. `git archive <commit> | tar -x -C DIR`), just
 before this one, and reports the ratios: on a shared machine only a ratio measured in one command means much.
@@ -58,7 +59,7 @@ def n1_case(repeats: int = 3) -> dict:
     return out
 
 
-def fleet_case(n_requests: int, replicas: int, router: str, workers=None) -> dict:
+def fleet_case(n_requests: int, replicas: int, router: str, workers=None, report_interval: float = 0.0) -> dict:
     from sim.cluster.runner import run_scenario
     from sim.scenario.config import scenario_from_dict
     raw = {"name": "fleet", "seed": 0, "policy": {"name": "sarathi"}, "hardware": {"gpu": "a100-80gb"},
@@ -66,7 +67,8 @@ def fleet_case(n_requests: int, replicas: int, router: str, workers=None) -> dic
            "workload": {"kind": "poisson", "num_requests": n_requests, "rate": 3.0 * replicas,
                         "prompt": {"dist": "lognormal", "mu": 6.633, "sigma": 0.985, "min": 2, "max": 4000},
                         "output": {"dist": "lognormal", "mu": 5.019, "sigma": 0.859, "min": 7, "max": 1000}},
-           "cluster": {"replicas": replicas, "router": router}}
+           "cluster": {"replicas": replicas, "router": router if not report_interval else
+                       {"name": router, "report_interval_s": report_interval}}}
     if workers is not None:
         raw["cluster"]["workers"] = workers
     t0 = time.perf_counter()
@@ -74,7 +76,8 @@ def fleet_case(n_requests: int, replicas: int, router: str, workers=None) -> dic
     wall = time.perf_counter() - t0
     s = res.summary
     worker_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2
-    return {"requests": n_requests, "replicas": replicas, "router": router, "wall_s": round(wall, 1),
+    return {"requests": n_requests, "replicas": replicas, "router": router,
+            **({"report_interval_s": report_interval} if report_interval else {}), "wall_s": round(wall, 1),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, 2),
             # worker processes (cluster.workers): the largest one's peak, counting the pages it shares with the
             # run's process (forked from it) as its own
@@ -105,6 +108,8 @@ def _run_one(root: Path, case: str, args):
     cmd = [sys.executable, str(root / "benchmarks" / "cluster_bench.py"), "--one", case, "--requests",
            str(args.requests), "--replicas", str(args.replicas), "--router", args.router, "--idle-replicas",
            str(args.idle_replicas)]
+    if args.report_interval:                            # (a checkout from before the option refuses it)
+        cmd += ["--report-interval", str(args.report_interval)]
     if args.workers is not None and root == REPO:      # (a baseline from before cluster.workers runs in one)
         cmd += ["--workers", args.workers]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -129,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--router", default="least_tokens")
     ap.add_argument("--idle-replicas", type=int, default=20000)
+    ap.add_argument("--report-interval", type=float, default=0.0,
+                    help="the fleet case's least-loaded router learns of completions from load reports this often "
+                         "(router.report_interval_s; 0: at once)")
     ap.add_argument("--workers", help="cluster.workers for the fleet cases (default: the scenario's, auto)")
     ap.add_argument("--baseline", help="another checkout to time the same cases from, in this command")
     ap.add_argument("--one", help=argparse.SUPPRESS)        # run one case in this process, print JSON
@@ -138,7 +146,8 @@ def main(argv=None) -> int:
         rec = (n1_case() if args.one == "n1" else idle_case(args.idle_replicas) if args.one == "idle" else
                fleet_case(args.requests, args.replicas, "round_robin" if args.one == "fleet_rr" else args.router,
                           None if args.workers is None else
-                          args.workers if args.workers == "auto" else int(args.workers)))
+                          args.workers if args.workers == "auto" else int(args.workers),
+                          0.0 if args.one == "fleet_rr" else args.report_interval))
         print(json.dumps(rec))
         return 0
     out = Path(args.out)        # the cases not run this time keep their earlier records

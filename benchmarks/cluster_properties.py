@@ -77,6 +77,12 @@ def random_case(rng: np.random.Generator) -> dict:
             cluster["router"] = "lora_affinity"
     elif sub.random() < 0.1:                    # on any case: an affinity router (it falls back to least_requests)
         cluster["router"] = str(sub.choice(LATER_ROUTERS))
+    # a least-loaded router (front or decode side) that learns of completions from load reports, from a generator
+    # of its own as well
+    stale = np.random.default_rng([raw["seed"], n, 2711])
+    for side, where in (("router", cluster), ("decode_router", cluster.get("disaggregation", {}))):
+        if where.get(side) in ("least_tokens", "least_requests") and stale.random() < 0.4:
+            where[side] = {"name": where[side], "report_interval_s": float(stale.choice([0.05, 0.3, 1.0]))}
     return raw
 
 
@@ -126,12 +132,16 @@ def check_case(raw: dict) -> list:
     return bad
 
 
+def _router_name(r) -> str:
+    return r if isinstance(r, str) else f"{r['name']} (reports every {r['report_interval_s']} s)"
+
+
 def describe(raw: dict) -> str:
     c = raw["cluster"]
     shape = (f"P/D {c['disaggregation']['prefill']}:{c['disaggregation']['decode']} "
-             f"({c['disaggregation']['decode_router']}, first token {c['disaggregation']['first_token']})"
+             f"({_router_name(c['disaggregation']['decode_router'])}, first token {c['disaggregation']['first_token']})"
              if "disaggregation" in c else f"{c['replicas']} replicas")
-    return (f"{shape}, router {c['router']}, {raw['policy']['name']}, M {raw['memory']['M']}, "
+    return (f"{shape}, router {_router_name(c['router'])}, {raw['policy']['name']}, M {raw['memory']['M']}, "
             f"{'prefix caching' if raw['memory'].get('prefix_caching') else raw['workload']['kind']}"
             f"{', lora' if raw.get('lora') else ''}")
 

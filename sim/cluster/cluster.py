@@ -452,6 +452,14 @@ class Cluster:
         key = {LeastTokens: TOKENS, LeastRequests: REQUESTS}.get(type(self.router))
         self.book = (LedgerBook([h.ledger for h in self.front], key)
                      if key and not self.pd and self.scaler is None else None)
+        # A least-loaded router whose knowledge of completions lags (report_interval_s > 0) decides every arrival
+        # of one report interval from the same ledger counts (those before the interval's report) plus its own
+        # sends, so with the exact fast paths on it places the interval's arrivals together at the first one's
+        # time: the same decisions, and the replicas run on to the next interval without stopping at each arrival.
+        # Not with sessions, whose turns are released mid-interval (a turn placed at its own time comes before
+        # the interval's later arrivals).
+        self.batch_interval = (self.book is not None and self.router.config.report_interval_s > 0 and not self.sessions
+                               and scn.sim.fast_forward)
         self.cut_at_decisions = self.router.reads_state or bool(self.pd and self.decode_router.reads_state) or \
             bool(self.scaler is not None and self.scaler.reads_state)
         self.runs_ahead = not (self.cut_at_decisions or self.lockstep)
@@ -692,22 +700,23 @@ class Cluster:
             for h in [h for h in self.waiting if h.pool == PREFILL and h.clock.releases]:
                 h.clock.release_until(t)          # idle prefill replicas free KV whose transfer has ended
         woken = []
-        self.read_time = t
+        self.read_time = read = self.router.reported_at(t)
+        batch = self.batch_interval
         front = self.scaler.serving(t) if self.scaler is not None else self.front
         turns = []
         while self.timers and self.timers[0][0] == t:   # sessions: turns released for this instant, in creation order
             turns.append(heapq.heappop(self.timers)[3])
         n = len(reqs)
         r = reqs[self.idx] if self.idx < n else None     # (the stream builds each request once: read it once)
-        while r is not None and r.arrival_s == t or turns:
-            if r is not None and r.arrival_s == t:
+        while r is not None and (r.arrival_s == t or batch and self.router.reported_at(r.arrival_s) == read) or turns:
+            if r is not None and (r.arrival_s == t or batch):
                 self.idx += 1
             else:
                 r = turns.pop(0)
                 self.turns_left -= 1
                 self.session_stats["released"] += 1
                 self.session_stats["think_s"] += r.think_s
-            h = front[self.book.least(t) if self.book is not None else
+            h = front[self.book.least(read) if self.book is not None else
                       checked_pick(self.router, r, front, t, 'cluster.router')]
             if self.pd:
                 clone = Request(r.id, r.arrival_s, r.prompt_tokens, 1, cls=r.cls, prefix=r.prefix,
@@ -727,7 +736,7 @@ class Cluster:
                 woken.append(h)
             elif h.asleep:                        # sleeping through steady steps: up after this instant
                 h.asleep = False
-                self._push(h, self._woken_at(h, t))
+                self._push(h, self._woken_at(h, r.arrival_s))
             r = reqs[self.idx] if self.idx < n else None
         self._next_T()
         for h in dict.fromkeys(woken):            # once each, in routing order
@@ -795,7 +804,7 @@ class Cluster:
             self.handoffs[origin.id] = Handoff(origin, r_p, h, h, t, t, t, t, r)
             self._releaser(h, r_p)()            # nothing to send: the KV is freed as at any completion
             return
-        self.read_time = t
+        self.read_time = self.decode_router.reported_at(t)
         d = self.decode[checked_pick(self.decode_router, origin, self.decode, t, 'cluster.disaggregation.decode_router')]
         d.ledger.send(origin.id, origin.prompt_tokens + origin.output_tokens)
         ho = Handoff(origin, r_p, h, d, t)

@@ -8,6 +8,7 @@ and Dynamo's routers track from the KV events replicas publish). Ties go to the 
 deterministic given the scenario's seed. `register_router` adds a router (user extensions too)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -51,6 +52,11 @@ class Router:
 
     def pick(self, req, replicas, now: float) -> int:    # pragma: no cover - interface
         raise NotImplementedError
+
+    def reported_at(self, t: float) -> float:
+        """The time up to which the router knows of completions when it decides at t (ledgers count what left
+        before it): t itself unless its knowledge lags (_LoadRouter.report_interval_s)."""
+        return t
 
     def place(self, n: int, replicas: int):
         """A stateless router's next n picks at once (an int array), the values n calls of pick would return;
@@ -116,7 +122,37 @@ class Random(Router):
         return self.rng.integers(replicas, size=n)
 
 
-class LeastRequests(Router):
+def report_tick(t: float, interval: float) -> float:
+    """The last load report at or before t, reports being made every `interval` seconds from 0 (k * interval for
+    the largest integer k with k * interval <= t, the product being the float every caller computes)."""
+    k = math.floor(t / interval)
+    b = k * interval
+    return b if b <= t else (k - 1) * interval     # (t / interval rounded up to an integer)
+
+
+class _LoadRouter(Router):
+    """A least-loaded router's one knob: how stale its knowledge of completions is. 0 (the default): it sees a
+    request leave the moment it completes, as a proxy that streams the response does. report_interval_s > 0: it
+    learns of completions from load reports made every report_interval_s seconds (a metrics scrape), so at a
+    decision at t it counts those before the last report, report_tick(t); what it sends itself it counts at once."""
+
+    @dataclass
+    class Config:
+        report_interval_s: float = 0.0
+
+    def __init__(self, rng, **knobs):
+        super().__init__(rng, **knobs)
+        r = self.config.report_interval_s
+        if not (r >= 0 and math.isfinite(r)):
+            raise UserError(f"cluster.router.report_interval_s: must be a finite number of seconds >= 0 (0: exact, "
+                            f"the router sees each completion at once), got {r!r}")
+
+    def reported_at(self, t: float) -> float:
+        r = self.config.report_interval_s
+        return report_tick(t, r) if r else t
+
+
+class LeastRequests(_LoadRouter):
     """Fewest outstanding requests (sent, not yet complete): Envoy's least_request, vLLM's router default."""
     name = "least_requests"
     reads_state = False
@@ -126,7 +162,7 @@ class LeastRequests(Router):
         return loads.index(min(loads))                    # the lowest index among the least loaded
 
 
-class LeastTokens(Router):
+class LeastTokens(_LoadRouter):
     """Join the shortest queue by work: fewest outstanding tokens (prompt + output of unfinished requests)."""
     name = "least_tokens"
     reads_state = False
