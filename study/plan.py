@@ -626,7 +626,7 @@ def _print_points(points: pd.DataFrame) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="cheapest fleet (GPU kind, TP, replicas, P:D split, router) meeting an SLO "
-                                    "attainment target, with its 95% interval and the cost-attainment frontier",
+                                    "attainment target, with its 95%% interval and the cost-attainment frontier",
                        description="Exit status: 0 a configuration meets the target; 1 none does (stderr names "
                                    "the limiting SLO target and the best attainment reached); 2 bad input.")
     p.add_argument("scenario")

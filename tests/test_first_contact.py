@@ -146,3 +146,26 @@ def test_piping_into_head_is_silent():
     p = subprocess.run(f"{sys.executable} -m sim.cli policies | head -1", shell=True, cwd=REPO, capture_output=True,
                        text=True)
     assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
+
+
+# -- the first thing typed: every help screen renders ------------------------------------------------------------
+def _parsers(parser, path=()):
+    import argparse
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, path + (name,))
+
+
+def test_every_help_screen_renders():
+    """`servesim --help` and every subcommand's (argparse %-expands help strings: a bare % in one, as in
+    "95% interval", made the top-level help a traceback)."""
+    from sim.cli import build_parser
+    screens = list(_parsers(build_parser()))
+    assert len(screens) > 15
+    for path, parser in screens:
+        text = parser.format_help()
+        assert text.startswith("usage: servesim"), path
+    top = " ".join(screens[0][1].format_help().split())
+    assert "with its 95% interval" in top
