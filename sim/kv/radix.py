@@ -97,9 +97,10 @@ class RadixKVManager(PrefixCachingKVManager):
             pending.sort(key=lambda p: (p[0], p[1]))
             last, pushes, queued = self.last_access, self._pushes, self.queued
             append, tail = self.fifo.append, self._fifo_t
+            heap_push = partial(heapq.heappush, heap)
             for t, _, keys, n in pending:
                 if t < tail:                    # out of order (frees are stamped by a clock that only advances)
-                    push = partial(heapq.heappush, heap)
+                    push = heap_push
                 else:
                     push, tail = append, t
                 for k in keys:
