@@ -12,7 +12,8 @@ from costmodels.errors import UserError
 from sim.paths import output_dir
 from sim.scenario.config import scenario_from_dict
 from study.executors import run_tasks
-from study.sweep import add_parallel_args, load_sweep_base, parse_value, set_field, write_table
+from study.intervals import parse_seeds
+from study.sweep import add_parallel_args, load_sweep_base, set_field, write_table
 
 
 @dataclass
@@ -145,16 +146,17 @@ def run_capacity(base: dict, source: str, policies, seeds, target: float, metric
     return table, ev, per_policy
 
 
-def _list_arg(values, cast, flag: str):
+def _policy_names(values) -> list:
+    """--policy NAME[,NAME], given once or more: the names in order; an empty item or a name twice is one line."""
     out = []
     for v in values or ():
         for x in str(v).split(","):
-            if not x.strip():
-                continue
-            value = parse_value(x)
-            if cast is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise UserError(f"{flag}: expected integers >= 0 separated by commas, got {x.strip()!r}")
-            out.append(cast(value))
+            name = x.strip()
+            if not name:
+                raise UserError(f"--policy: an empty item in {str(v)!r}")
+            if name in out:
+                raise UserError(f"--policy: {name!r} is given twice")
+            out.append(name)
     return out
 
 
@@ -163,8 +165,8 @@ def cmd_capacity(args) -> int:
     scn = scenario_from_dict(base, source=source)
     if args.out:
         output_dir(args.out, create=False)      # fail before the search, not after
-    policies = _list_arg(args.policy, str, "--policy") or [scn.policy.get("name")]
-    seeds = _list_arg(args.seeds, int, "--seeds") or [scn.seed]
+    policies = _policy_names(args.policy) or [scn.policy.get("name")]
+    seeds = parse_seeds(args.seeds) if args.seeds else [scn.seed]     # ranges and one-line errors as sweep's
     if args.tol < 0 or args.abs_tol < 0 or not (args.tol > 0 or args.abs_tol > 0):
         raise UserError(f"--tol / --abs-tol: must be >= 0 and not both 0, got {args.tol:g} / {args.abs_tol:g}")
     start = args.rate_start or float((scn.workload or {}).get("rate") or 1.0)
@@ -193,8 +195,10 @@ def register(sub) -> None:
                                    "(Apt-Serve's effective throughput, DistServe's goodput). The same seed at every "
                                    "rate keeps the arrival pattern and only rescales its gaps.")
     p.add_argument("scenario", help="scenario YAML with a rate-driven workload (e.g. poisson) and slo: targets")
-    p.add_argument("--policy", action="append", metavar="NAME[,NAME]", help="policies to search (default: the scenario's)")
-    p.add_argument("--seeds", action="append", metavar="S[,S]", help="seeds (default: the scenario's)")
+    p.add_argument("--policy", action="append", metavar="NAME[,NAME]",
+                   help="policies to search (default: the scenario's)")
+    p.add_argument("--seeds", action="append", metavar="S[,S]",
+                   help="seeds, comma-separated or a range such as 0-4 (default: the scenario's)")
     p.add_argument("--slo-attainment", type=float, default=0.9, help="attainment target in (0, 1] (default 0.9)")
     p.add_argument("--metric", default="slo_attainment",
                    help="which attainment: slo_attainment (all requests) or slo_attainment_<class>")

@@ -89,6 +89,8 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
             except ValueError:
                 raise UserError(f"{flag}: expected integers >= 0 separated by commas (or a range such as 0-4), "
                                 f"got {x!r}") from None
+            if not seeds:                        # 3-1: an empty range would leave no seed, far from the flag
+                raise UserError(f"{flag}: the range {x!r} is empty; give its low end first (such as {hi}-{lo})")
             for s in seeds:
                 if s < 0:
                     raise UserError(f"{flag}: seeds must be >= 0, got {s}")

@@ -83,7 +83,7 @@ def test_cli_capacity_per_policy_and_seed_with_gpus(tmp_path, capsys):
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump({**SINGLE, "workload": {**SINGLE["workload"], "num_requests": 12},
                                    "slo": {"ttft_s": 0.05}}))
-    rc = main(["capacity", str(scn), "--policy", "vllm,sarathi", "--seeds", "0,1", "--slo-attainment", "0.9",
+    rc = main(["capacity", str(scn), "--policy", "vllm,sarathi", "--seeds", "0-1", "--slo-attainment", "0.9",
                "--target-rate", "500", "--tol", "0.05", "--out", str(tmp_path / "cap"), "--no-progress"])
     assert rc == 0
     cap = pd.read_csv(tmp_path / "cap" / "capacity.csv")
@@ -101,11 +101,17 @@ def test_capacity_needs_slo_targets():
         run_capacity(SINGLE, "test", ["vllm"], [0], 0.9, start=1.0, rate_min=0.1, rate_max=10)
 
 
-@pytest.mark.parametrize("args,message", [(["--seeds", "0,x"], "--seeds: expected integers >= 0 separated by commas, got 'x'"),
-                                          (["--tol", "-1"], "--tol / --abs-tol: must be >= 0 and not both 0"),
-                                          (["--tol", "0"], "--tol / --abs-tol: must be >= 0 and not both 0")])
+@pytest.mark.parametrize("args,message", [
+    (["--seeds", "0,x"], "--seeds: expected integers >= 0 separated by commas (or a range such as 0-4), got 'x'"),
+    (["--seeds", "3-1"], "--seeds: the range '3-1' is empty"),
+    (["--seeds", "0,,1"], "--seeds: an empty item in '0,,1'"),          # was dropped without a word
+    (["--seeds", "1", "--seeds", "1"], "--seeds: a seed is given twice"),  # was searched twice
+    (["--policy", "vllm,vllm"], "--policy: 'vllm' is given twice"),
+    (["--tol", "-1"], "--tol / --abs-tol: must be >= 0 and not both 0"),
+    (["--tol", "0"], "--tol / --abs-tol: must be >= 0 and not both 0")])
 def test_cli_capacity_bad_options_are_one_line_before_any_run(tmp_path, capsys, args, message):
-    """A non-integer seed used to end in a traceback; a tolerance <= 0 ran 60 simulations before giving up."""
+    """A non-integer seed used to end in a traceback; a tolerance <= 0 ran 60 simulations before giving up. Seeds
+    are read as sweep and plan read them (capacity refused the range 0-4 they accept)."""
     import yaml
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump({**SINGLE, "slo": {"ttft_s": 0.05}}))

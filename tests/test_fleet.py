@@ -50,9 +50,12 @@ def test_same_inputs_same_interval_and_seeds_needed():
 
 def test_seed_lists_parse_or_fail_in_one_line():
     assert parse_seeds("0,1,2") == [0, 1, 2] and parse_seeds(["0-2", "5"]) == [0, 1, 2, 5]
-    for bad in ("a,b", "1,1", "-3", "0-x"):
+    for bad in ("a,b", "1,1", "-3", "0-x", "0,,1"):
         with pytest.raises(UserError, match="--seeds"):
             parse_seeds(bad)
+    # a backwards range named as such (it used to surface as "--grid 'seed=': no values given")
+    with pytest.raises(UserError, match=r"--seeds: the range '3-1' is empty; give its low end first \(such as 1-3\)"):
+        parse_seeds("3-1")
 
 
 # -- energy and cost --------------------------------------------------------------------------------------------------
