@@ -33,6 +33,7 @@ import pandas as pd
 from costmodels.errors import UserError
 from sim.paths import output_dir
 from sim.scenario.config import load_scenario, scenario_from_dict
+from study.executors import jobs_count
 from study.intervals import Interval, attainment_interval, mean_interval, parse_seeds, seeds_needed
 
 FLAT_GAIN = 0.002          # two doublings that add less attainment than this ...
@@ -650,7 +651,7 @@ def register(sub) -> None:
     p.add_argument("--bound-requests", type=int, default=2000,
                    help="the single-replica capacity bounds run the workload's first N requests (0: all)")
     p.add_argument("--max-replicas", type=int, default=256)
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--jobs", type=jobs_count, default=1, help="local worker processes (default 1)")
     p.add_argument("--dask", default=None, help="run the evaluations on a Dask cluster (address or 'local')")
     p.add_argument("--set", action="append", default=[], help="override a scenario field, KEY=VALUE")
     p.add_argument("--out", help="folder for plan.json, plan.csv, evaluations.csv and frontier.png/svg")

@@ -20,7 +20,7 @@ import yaml
 from costmodels.errors import UserError
 from sim.scenario.config import apply_overrides, read_yaml_mapping, scenario_from_dict
 from sim.scenario.config import set_field as scenario_set_field
-from study.executors import run_tasks
+from study.executors import jobs_count, run_tasks
 
 # Leading columns of a results table; the axes and the run metrics follow.
 ID_COLUMNS = ("point", "key", "status", "error", "policy", "seed")
@@ -434,7 +434,7 @@ def _write_manifest(out: Path, spec: SweepSpec, n: int) -> None:
 
 # -- CLI --------------------------------------------------------------------------------------------------------
 def add_parallel_args(p) -> None:
-    p.add_argument("--jobs", "-j", type=int, default=1, help="local worker processes (default 1)")
+    p.add_argument("--jobs", "-j", type=jobs_count, default=1, help="local worker processes (default 1)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: a scheduler address, or 'local' for a "
                                                        "LocalCluster with --jobs workers (needs servesim[dask])")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -26,6 +26,7 @@ import numpy as np
 from costmodels.catalog import get_model, model_by_hf_id
 from costmodels.errors import UserError
 from sim.paths import output_file, shared_data_dir
+from study.executors import jobs_count
 
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
 MEAN_METRICS = ("e2e_mean", "ttft_mean", "itl_mean")
@@ -398,7 +399,7 @@ def register(sub) -> None:
     v.add_argument("--data", help="folder with experiments.csv and workloads.yaml (default: the shared data)")
     v.add_argument("--only", help="comma-separated experiment ids")
     v.add_argument("--overheads", default="vllm", help="overheads preset for the cost model (default: vllm; none)")
-    v.add_argument("--jobs", type=int, default=1, help="experiments run in parallel processes")
+    v.add_argument("--jobs", type=jobs_count, default=1, help="experiments run in parallel processes")
     v.add_argument("--kv", choices=("measured", "predicted"), default="measured",
                    help="KV blocks to simulate with: the deployment's reported ones (default) or costmodels.memory's")
     v.add_argument("--out", help="write the records and medians as JSON")
