@@ -26,6 +26,18 @@ def _number_type(option: str, kind):
     return parse
 
 
+def jobs_count(text: str) -> int:
+    """The type of every --jobs (worker processes): an integer >= 1; 0 or a negative count is one line, not a
+    silent serial run."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise UserError(f"--jobs: expected an integer, got {text!r}") from None
+    if n < 1:
+        raise UserError(f"--jobs: must be >= 1 (worker processes), got {n}")
+    return n
+
+
 def check_numeric_options(parser: argparse.ArgumentParser) -> None:
     """Give every `type=int` / `type=float` option of `parser` and its subcommands a checked type."""
     for action in parser._actions:

@@ -12,18 +12,6 @@ from costmodels.errors import UserError
 DASK_EXTRA = "servesim[dask]"
 
 
-def jobs_count(text: str) -> int:
-    """argparse type of every --jobs: an integer >= 1 (0 or a negative count ran serially without a word)."""
-    import argparse
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (worker processes), got {text!r}")
-    return n
-
-
 def run_tasks(tasks, jobs: int = 1, dask: str | None = None):
     """`tasks` is a list of (function, args, tag); yields (tag, result) in completion order.
 

@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 
 from costmodels.errors import UserError
+from sim.options import jobs_count
 from sim.paths import output_dir
 from sim.scenario.config import load_scenario, scenario_from_dict
-from study.executors import jobs_count
 from study.intervals import Interval, attainment_interval, mean_interval, parse_seeds, seeds_needed
 
 FLAT_GAIN = 0.002          # two doublings that add less attainment than this ...

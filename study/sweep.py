@@ -18,9 +18,10 @@ import pandas as pd
 import yaml
 
 from costmodels.errors import UserError
+from sim.options import jobs_count
 from sim.scenario.config import apply_overrides, read_yaml_mapping, scenario_from_dict
 from sim.scenario.config import set_field as scenario_set_field
-from study.executors import jobs_count, run_tasks
+from study.executors import run_tasks
 
 # Leading columns of a results table; the axes and the run metrics follow.
 ID_COLUMNS = ("point", "key", "status", "error", "policy", "seed")

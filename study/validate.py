@@ -25,8 +25,8 @@ import numpy as np
 
 from costmodels.catalog import get_model, model_by_hf_id
 from costmodels.errors import UserError
+from sim.options import jobs_count
 from sim.paths import output_file, shared_data_dir
-from study.executors import jobs_count
 
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
 MEAN_METRICS = ("e2e_mean", "ttft_mean", "itl_mean")

@@ -174,14 +174,10 @@ def test_every_help_screen_renders():
 @pytest.mark.parametrize("command", [["sweep", "examples/speculative.yaml", "--grid", "workload.rate=1,2"],
                                      ["capacity", "examples/speculative.yaml"], ["validate"],
                                      ["plan", "examples/cluster-plan.yaml", "--rate", "2"]])
-@pytest.mark.parametrize("jobs", ["0", "-2", "two"])
-def test_jobs_below_one_is_refused_by_every_command_that_takes_it(capsys, command, jobs):
+@pytest.mark.parametrize("jobs,message", [("0", "--jobs: must be >= 1 (worker processes), got 0"),
+                                          ("-2", "--jobs: must be >= 1 (worker processes), got -2"),
+                                          ("two", "--jobs: expected an integer, got 'two'")])
+def test_jobs_below_one_is_refused_by_every_command_that_takes_it(capsys, command, jobs, message):
     """--jobs 0 or a negative count ran serially without a word in capacity, plan and validate (sweep refused it
-    only after loading the sweep): one argparse line now, before anything is read or run."""
-    with pytest.raises(SystemExit) as exit_:
-        main([*command, "--jobs", jobs])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    flag = "--jobs/-j" if command[0] in ("sweep", "capacity") else "--jobs"
-    assert err[-1] == (f"servesim {command[0]}: error: argument {flag}: "
-                       f"must be an integer >= 1 (worker processes), got {jobs!r}")
+    only after loading the sweep): one line now, before anything is read or run."""
+    assert one_line_error(capsys, [*command, "--jobs", jobs]) == f"servesim: error: {message}"
