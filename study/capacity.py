@@ -169,6 +169,12 @@ def cmd_capacity(args) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds else [scn.seed]     # ranges and one-line errors as sweep's
     if args.tol < 0 or args.abs_tol < 0 or not (args.tol > 0 or args.abs_tol > 0):
         raise UserError(f"--tol / --abs-tol: must be >= 0 and not both 0, got {args.tol:g} / {args.abs_tol:g}")
+    for flag, value in (("--rate-start", args.rate_start), ("--rate-min", args.rate_min),
+                        ("--rate-max", args.rate_max), ("--target-rate", args.target_rate)):
+        if value is not None and not value > 0:     # (0 fell back to the default without a word)
+            raise UserError(f"{flag}: must be > 0 requests/s, got {value:g}")
+    if args.max_evals < 1:
+        raise UserError(f"--max-evals: must be >= 1, got {args.max_evals}")
     start = args.rate_start or float((scn.workload or {}).get("rate") or 1.0)
     opts = dict(start=start, rate_min=args.rate_min or start / 1024, rate_max=args.rate_max or start * 1024,
                 rel_tol=args.tol, abs_tol=args.abs_tol, growth=2.0, max_evals=args.max_evals)

@@ -518,6 +518,10 @@ def cmd_plan(args) -> int:
         output_dir(args.out, create=False)      # fail before the search, not after
     raw = scn.to_dict()
     seeds = parse_seeds(args.seeds, "plan --seeds") if args.seeds else [scn.seed]     # option errors first
+    if args.bound_requests < 0:                 # (a negative count cut the workload to a negative size)
+        raise UserError(f"plan --bound-requests: must be >= 0 (0: all requests), got {args.bound_requests}")
+    if args.prune < 0:
+        raise UserError(f"plan --prune: must be >= 0 (0: search every configuration), got {args.prune:g}")
     if not scn.slos():
         raise UserError(f"{args.scenario}: plan needs SLO targets, e.g. --set slo.ttft_s=1 --set slo.tpot_s=0.05")
     check_rate_driven(raw, str(args.scenario))

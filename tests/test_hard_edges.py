@@ -63,6 +63,23 @@ def test_plan_seeds_that_are_not_integers(capsys, scenario, seeds, message):
     assert line.startswith("servesim: error: plan --seeds: ") and message in line
 
 
+@pytest.mark.parametrize("args,message", [
+    (["plan", "CLUSTER", "--rate", "2", "--bound-requests", "-5"],
+     "plan --bound-requests: must be >= 0 (0: all requests), got -5"),
+    (["plan", "CLUSTER", "--rate", "2", "--prune", "-1"], "plan --prune: must be >= 0 (0: search every configuration)"),
+    (["capacity", "SINGLE", "--rate-start", "0"], "--rate-start: must be > 0 requests/s, got 0"),
+    (["capacity", "SINGLE", "--target-rate", "-5"], "--target-rate: must be > 0 requests/s, got -5"),
+    (["capacity", "SINGLE", "--max-evals", "0"], "--max-evals: must be >= 1, got 0")])
+def test_search_options_out_of_range(capsys, scenario, args, message):
+    """Each was taken without a word: a negative --bound-requests cut the bounds' workload to a negative size,
+    --rate-start 0 fell back to the scenario's rate, --target-rate -5 printed 0 replicas needed, --max-evals 0
+    blamed the tolerance."""
+    path = scenario(CLUSTER if args[1] == "CLUSTER" else SMALL.replace("offline", "poisson, rate: 2")
+                    + "slo: {ttft_s: 1}\n")
+    line = one_line_error(capsys, [args[0], path, *args[2:]])
+    assert line.startswith(f"servesim: error: {message}"), line
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"
