@@ -93,6 +93,9 @@ def decode_iterations(max_ctx: int, seed: int = 1):
     return out
 
 
+MIN_TOKENS = 32       # the smallest --max-tokens whose grids hold decode and mixed batches
+
+
 def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int | None = None,
                 repeats: int | None = None, backend: str = "auto", quick: bool = False, log=None,
                 iterations: int = 12, kernels: str = "engine", timing: str = "graph", dtype: str | None = None,
@@ -107,6 +110,14 @@ def run_profile(model_name: str, device: str, out, tp: int = 1, max_tokens: int 
     bad = set(parts) - set(PARTS)
     if bad:
         raise UserError(f"profile parts: {', '.join(sorted(bad))} not among {', '.join(PARTS)}")
+    # (0 fell back to the default without a word; below 32 tokens the grids have no decode or mixed batch to draw)
+    if max_tokens is not None and max_tokens < MIN_TOKENS:
+        raise UserError(f"--max-tokens: must be >= {MIN_TOKENS} (the largest token count and context timed), "
+                        f"got {max_tokens}")
+    if repeats is not None and repeats < 1:
+        raise UserError(f"--repeats: must be >= 1 (timed repeats per point), got {repeats}")
+    if iterations < 0:
+        raise UserError(f"--iterations: must be >= 0 (0: no whole iterations), got {iterations}")
     from costmodels.catalog import with_dtype
     model = get_model(model_name, "--model")
     catalog_name = model.name

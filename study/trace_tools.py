@@ -50,10 +50,19 @@ def load_make_spec(path, overrides=()) -> tuple[dict, int]:
         raise UserError(f"{path}: expected a mapping (a workload spec with kind, or a scenario with workload)")
     raw = apply_overrides(raw, overrides)
     if "workload" in raw:
-        return dict(raw["workload"] or {}), int(raw.get("seed", 0))
+        return dict(raw["workload"] or {}), _seed(raw.get("seed", 0), f"{path}: seed")
     raw = dict(raw)
     seed = raw.pop("seed", 0)
-    return raw, int(seed)
+    return raw, _seed(seed, f"{path}: seed")
+
+
+def _seed(value, where: str) -> int:
+    """A seed as a scenario takes it: an integer >= 0 (numpy's own error was the traceback for -1 or 'x')."""
+    from costmodels.values import typed
+    value = typed(value, int, where)
+    if value < 0:
+        raise UserError(f"{where}: expected an integer >= 0, got {value}")
+    return value
 
 
 def cmd_make(args) -> int:
@@ -61,7 +70,7 @@ def cmd_make(args) -> int:
     from traces.stats import trace_stats
     spec, seed = load_make_spec(args.spec, args.set)
     if args.seed is not None:
-        seed = args.seed
+        seed = _seed(args.seed, "--seed")
     df = build_workload(spec, np.random.default_rng(seed), f"{args.spec}: workload")
     if "prefix_hashes" in df:  # lists do not fit a CSV cell; keep them as space-separated ids
         df["prefix_hashes"] = [" ".join(map(str, h)) if isinstance(h, (list, tuple)) else h

@@ -80,6 +80,34 @@ def test_search_options_out_of_range(capsys, scenario, args, message):
     assert line.startswith(f"servesim: error: {message}"), line
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--max-tokens", "16"], "--max-tokens: must be >= 32 (the largest token count and context timed), got 16"),
+    (["--max-tokens", "0"], "--max-tokens: must be >= 32"), (["--max-tokens", "-5"], "--max-tokens: must be >= 32"),
+    (["--repeats", "0"], "--repeats: must be >= 1 (timed repeats per point), got 0"),
+    (["--iterations", "-1"], "--iterations: must be >= 0 (0: no whole iterations), got -1")])
+def test_profile_grid_options_out_of_range(capsys, tmp_path, args, message):
+    """--max-tokens -5 (or anything under 32) ended in numpy's `ValueError: a cannot be empty`; 0 and --repeats 0
+    fell back to the defaults without a word. Checked before any backend is made (no PyTorch needed)."""
+    line = one_line_error(capsys, ["profile", "--model", "tiny-llama", "--device", "cpu", "--backend", "numpy",
+                                   "--quick", "--out", str(tmp_path / "p.csv"), *args])
+    assert line.startswith(f"servesim: error: {message}"), line
+    assert not (tmp_path / "p.csv").exists()
+
+
+@pytest.mark.parametrize("seed,extra,message", [
+    ("-3", [], "s.yaml: seed: expected an integer >= 0, got -3"),
+    ("x", [], "s.yaml: seed: expected an integer, got 'x'"),
+    ("1.5", [], "s.yaml: seed: expected an integer, got 1.5"),
+    ("0", ["--seed", "-1"], "--seed: expected an integer >= 0")])
+def test_trace_make_seeds_as_a_scenario_takes_them(capsys, scenario, tmp_path, seed, extra, message):
+    """A negative seed ended in numpy's `ValueError: expected non-negative integer`, a text one in int()'s; 1.5 was
+    read as 1."""
+    spec = scenario(f"seed: {seed}\n" + SMALL.replace("offline", "poisson, rate: 1"))
+    line = one_line_error(capsys, ["trace", "make", spec, "-o", str(tmp_path / "t.csv"), *extra])
+    assert message in line, line
+    assert not (tmp_path / "t.csv").exists()
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"
