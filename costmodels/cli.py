@@ -72,6 +72,14 @@ def cmd_calibrate(args) -> int:
     from costmodels.calibrate import calibrate, format_errors
     from costmodels.linear import default_profile_path
     model, gpu = get_model(args.model, "--model"), get_gpu(args.gpu, "--gpu")
+    # (1.5 and a negative seed were numpy tracebacks; 0 or less held out one row per operator anyway)
+    if not 0 < args.test_frac < 1:
+        raise UserError(f"--test-frac: must be in (0, 1) (the share of configurations held out), "
+                        f"got {args.test_frac:g}")
+    if args.seed < 0:
+        raise UserError(f"--seed: must be >= 0, got {args.seed}")
+    if args.tp is not None and args.tp < 1:
+        raise UserError(f"--tp: must be >= 1 (a tensor-parallel degree), got {args.tp}")
     cm, errs, errs_x = calibrate(args.profiles, model, gpu, args.kind, tp=args.tp, test_frac=args.test_frac,
                                  seed=args.seed, stat=args.stat, allow_eager=args.allow_eager)
     out = args.out or default_profile_path(gpu.name, model.name, args.kind)

@@ -108,6 +108,19 @@ def test_trace_make_seeds_as_a_scenario_takes_them(capsys, scenario, tmp_path, s
     assert not (tmp_path / "t.csv").exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--test-frac", "1.5"], "--test-frac: must be in (0, 1) (the share of configurations held out), got 1.5"),
+    (["--test-frac", "0"], "--test-frac: must be in (0, 1)"), (["--seed", "-1"], "--seed: must be >= 0, got -1"),
+    (["--tp", "0"], "--tp: must be >= 1 (a tensor-parallel degree), got 0")])
+def test_calibrate_split_options_out_of_range(capsys, tmp_path, args, message):
+    """--test-frac 1.5 and --seed -1 were numpy tracebacks; --test-frac 0 still held out a row per operator and
+    --tp 0 was ignored. Checked before the profiles are read or a model is written."""
+    line = one_line_error(capsys, ["calibrate", "--model", "tiny-llama", "--gpu", "a100-80gb", "-o",
+                                   str(tmp_path / "m.yaml"), str(tmp_path / "p.csv"), *args])
+    assert line.startswith(f"servesim: error: {message}"), line
+    assert not (tmp_path / "m.yaml").exists()
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"
