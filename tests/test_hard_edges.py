@@ -121,6 +121,14 @@ def test_calibrate_split_options_out_of_range(capsys, tmp_path, args, message):
     assert not (tmp_path / "m.yaml").exists()
 
 
+@pytest.mark.parametrize("size", ["0", "-16"])
+def test_a_kv_block_of_no_tokens(capsys, scenario, size):
+    """memory.block_size 0 ended in `ZeroDivisionError: float floor division by zero` while sizing the CPU tier."""
+    line = one_line_error(capsys, ["run", scenario(), "--set", f"memory.block_size={size}"])
+    assert line.endswith(f"memory.block_size: must be an integer >= 1 (tokens per KV block; vLLM's default is 16), "
+                         f"got {size}"), line
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"

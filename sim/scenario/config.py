@@ -287,6 +287,7 @@ _RANGES = (
     ("model", "max_model_len", lambda v: v is None or v >= 1, "an integer >= 1 (or null: the model's context)"),
     ("hardware", "tp", lambda v: v >= 1, "an integer >= 1 (1, 2, 4 or 8 that divides the model's heads)"),
     ("hardware", "gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("memory", "block_size", lambda v: v >= 1, "an integer >= 1 (tokens per KV block; vLLM's default is 16)"),
     ("memory", "swap_space_gib", lambda v: 0 <= v <= MAX_GIB, f">= 0 and <= {MAX_GIB:.0e} GiB"),
     ("memory", "activation_reserve_gib", lambda v: v is None or 0 <= v <= MAX_GIB,
      f">= 0 and <= {MAX_GIB:.0e} GiB, or null"),
