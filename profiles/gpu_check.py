@@ -165,17 +165,28 @@ def pd_empty(t):
     return pd.Series("", index=t.index)
 
 
+SKIPPABLE = ("moe", "fp8", "reference", "bandwidth", "calibrate")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m profiles.gpu_check", description=__doc__)
     ap.add_argument("--out", required=True, help="folder for the CSVs, report.md and summary.json")
     ap.add_argument("--repeats", type=int, default=7, help="replays per point (median kept)")
     ap.add_argument("--token-points", type=int, default=24, help="token counts between 1 and 4096 (plus powers of 2)")
-    ap.add_argument("--skip", default="", help="comma list of stages to skip: moe, fp8, reference, calibrate")
+    ap.add_argument("--skip", default="", help=f"comma list of stages to skip: {', '.join(SKIPPABLE)}")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a dry run of the whole path on tiny-llama (tests; no reference, MoE or FP8)")
     ap.add_argument("--gpu", help="catalog GPU to compare with (default: from the device's name; needed on cpu)")
     ap.add_argument("--quick", action="store_true", help="a small grid (the CPU dry run in the tests)")
     args = ap.parse_args(argv)
+    # before anything starts: on a lent GPU a bad option found after the first stage costs minutes of device time
+    bad = [x for x in args.skip.split(",") if x and x not in SKIPPABLE]
+    problem = (f"--skip: unknown stage(s) {', '.join(bad)}; allowed: {', '.join(SKIPPABLE)}" if bad else
+               f"--repeats: must be >= 1, got {args.repeats}" if args.repeats < 1 else
+               f"--token-points: must be >= 1, got {args.token_points}" if args.token_points < 1 else None)
+    if problem:
+        print(f"gpu-check: {problem}", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:

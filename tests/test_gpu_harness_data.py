@@ -273,3 +273,16 @@ def test_gpu_check_without_a_gpu_says_so():
     if r.returncode == 0:
         pytest.skip("this machine has a CUDA GPU")
     assert r.returncode == 2 and ("no CUDA GPU" in r.stderr or "PyTorch is not installed" in r.stderr) and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [(["--skip", "moe,nosuch"], "--skip: unknown stage(s) nosuch; allowed: moe, "
+                                                                     "fp8, reference, bandwidth, calibrate"),
+                                          (["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+                                          (["--token-points", "0"], "--token-points: must be >= 1, got 0")])
+def test_gpu_check_refuses_bad_options_before_any_stage(capsys, tmp_path, args, message):
+    """On a lent GPU these were found after minutes of device time: --repeats 0 failed the profile stage and then
+    the check stage with `No objects to concatenate`; an unknown --skip stage and --token-points 0 were ignored."""
+    from profiles.gpu_check import main
+    assert main(["--device", "cpu", "--gpu", "a100-80gb", "--out", str(tmp_path / "gc"), *args]) == 2
+    assert capsys.readouterr().err.strip() == f"gpu-check: {message}"
+    assert not (tmp_path / "gc").exists()
