@@ -129,7 +129,7 @@ def cmd_profile(args) -> int:
             raise UserError(f"--gpus: expected comma-separated GPU counts, got {args.gpus!r}") from None
         if any(g < 2 for g in gpus):
             raise UserError(f"--gpus: an all-reduce needs at least 2 GPUs, got {args.gpus!r}")
-        n = run_collectives(args.out, gpus, device=args.device, repeats=args.repeats or 20)
+        n = run_collectives(args.out, gpus, device=args.device, repeats=20 if args.repeats is None else args.repeats)
     else:
         n = run_profile(args.model, args.device, args.out, tp=args.tp, max_tokens=args.max_tokens,
                         repeats=args.repeats, backend=args.backend, quick=args.quick, log=sys.stderr,

@@ -148,10 +148,26 @@ def fit_all(folder) -> tuple[dict, dict]:
     return {"nccl": nccl, "custom": custom}, errors
 
 
-if __name__ == "__main__":   # python -m costmodels.collectives ../shared/data/profiles/vidur-network
+def main(argv=None) -> int:
+    """python -m costmodels.collectives FOLDER: fit FOLDER's all-reduce profiles and rewrite the shipped fit."""
     import datetime as _dt
     import sys
-    params, errs = fit_all(sys.argv[1])
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m costmodels.collectives FOLDER  (Vidur's network profiles: FOLDER/<node kind>/"
+              "all_reduce.csv, e.g. ../shared/data/profiles/vidur-network); rewrites profiles/collectives.yaml",
+              file=sys.stderr)
+        return 2
+    folder = Path(argv[0])
+    # a folder without profiles used to overwrite the shipped fit with an empty one
+    if not folder.is_dir() or not any((sub / "all_reduce.csv").is_file() for sub in folder.iterdir() if sub.is_dir()):
+        print(f"collectives: {folder}: no <node kind>/all_reduce.csv under it; nothing written", file=sys.stderr)
+        return 2
+    params, errs = fit_all(folder)
+    if not params["nccl"]:
+        print(f"collectives: {folder}: no single-node rows of 2-8 GPUs between 1 KB and 64 MB; nothing written",
+              file=sys.stderr)
+        return 2
     params["provenance"] = {
         "nccl": "Vidur network profiles (microsoft/vidur, MIT; ../shared/data/profiles/vidur-network): all_reduce.csv "
                 "median times, single-node rows, 1 KB-64 MB, fp16 elements x 2 bytes",
@@ -162,3 +178,8 @@ if __name__ == "__main__":   # python -m costmodels.collectives ../shared/data/p
     }
     FIT_PATH.write_text(yaml.safe_dump(params, sort_keys=False))
     print(yaml.safe_dump(params, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":   # python -m costmodels.collectives ../shared/data/profiles/vidur-network
+    raise SystemExit(main())

@@ -335,6 +335,8 @@ def torch_allreduce_timer(device: str = "cuda"):
 def run_collectives(out, gpus, device: str = "cuda", repeats: int = 20, timer=None) -> int:
     """Time all-reduce for each GPU count and write Vidur's all_reduce.csv (fit it: python -m costmodels.collectives
     on the folder above). Returns the number of rows."""
+    if repeats < 1:
+        raise UserError(f"--repeats: must be >= 1 (timed repeats per point), got {repeats}")
     if device == "cuda":
         try:
             import torch

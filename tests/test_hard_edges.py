@@ -84,7 +84,8 @@ def test_search_options_out_of_range(capsys, scenario, args, message):
     (["--max-tokens", "16"], "--max-tokens: must be >= 32 (the largest token count and context timed), got 16"),
     (["--max-tokens", "0"], "--max-tokens: must be >= 32"), (["--max-tokens", "-5"], "--max-tokens: must be >= 32"),
     (["--repeats", "0"], "--repeats: must be >= 1 (timed repeats per point), got 0"),
-    (["--iterations", "-1"], "--iterations: must be >= 0 (0: no whole iterations), got -1")])
+    (["--iterations", "-1"], "--iterations: must be >= 0 (0: no whole iterations), got -1"),
+    (["--collectives", "--repeats", "0"], "--repeats: must be >= 1 (timed repeats per point), got 0")])  # was 20
 def test_profile_grid_options_out_of_range(capsys, tmp_path, args, message):
     """--max-tokens -5 (or anything under 32) ended in numpy's `ValueError: a cannot be empty`; 0 and --repeats 0
     fell back to the defaults without a word. Checked before any backend is made (no PyTorch needed)."""
@@ -127,6 +128,13 @@ def test_a_kv_block_of_no_tokens(capsys, scenario, size):
     line = one_line_error(capsys, ["run", scenario(), "--set", f"memory.block_size={size}"])
     assert line.endswith(f"memory.block_size: must be an integer >= 1 (tokens per KV block; vLLM's default is 16), "
                          f"got {size}"), line
+
+
+def test_a_kv_dtype_outside_the_catalog_names_the_field(capsys, scenario):
+    """The catalog's check said only "dtype: 'fp3' is not allowed", not which field of the scenario held it."""
+    line = one_line_error(capsys, ["run", scenario(), "--set", "memory.kv_dtype=fp3"])
+    assert line.endswith("memory.kv_dtype: 'fp3' is not allowed; allowed: fp32, fp16, bf16, fp8, int8, int4 "
+                         "(or null: the model's)"), line
 
 
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
@@ -300,3 +308,36 @@ def test_an_extension_cost_model_returning_nan_or_a_negative_time(monkeypatch):
         with pytest.raises(UserError, match=r"batch_time returned .* seconds .* must be a finite number >= 0"):
             sim.run()
     assert run_scenario(scn).summary["completed"] == 4
+
+
+@pytest.mark.parametrize("argv,message", [(["MISSING"], "no <node kind>/all_reduce.csv under it; nothing written"),
+                                          (["EMPTY"], "no <node kind>/all_reduce.csv under it; nothing written"),
+                                          ([], "usage: python -m costmodels.collectives FOLDER")])
+def test_collectives_fit_without_profiles_keeps_the_shipped_fit(capsys, monkeypatch, tmp_path, argv, message):
+    """`python -m costmodels.collectives` on a folder without profiles (a typo) overwrote profiles/collectives.yaml
+    with an empty NCCL fit and exited 0."""
+    from costmodels import collectives
+    shipped = tmp_path / "collectives.yaml"
+    shipped.write_text("the shipped fit\n")
+    monkeypatch.setattr(collectives, "FIT_PATH", shipped)
+    (tmp_path / "empty" / "a100_dgx").mkdir(parents=True)
+    folders = {"MISSING": str(tmp_path / "nowhere"), "EMPTY": str(tmp_path / "empty")}
+    assert collectives.main([folders.get(a, a) for a in argv]) == 2
+    assert message in capsys.readouterr().err
+    assert shipped.read_text() == "the shipped fit\n"
+
+
+def test_collectives_fit_from_the_shared_profiles_writes_every_node_kind(capsys, monkeypatch, tmp_path):
+    """The good path still writes the fit: one two-line model per node kind and GPU count."""
+    import yaml
+    from costmodels import collectives
+    from sim.paths import shared_data_dir
+    root = shared_data_dir()
+    folder = root / "profiles" / "vidur-network" if root is not None else None
+    if folder is None or not folder.is_dir():
+        pytest.skip("needs ../shared/data/profiles/vidur-network")
+    monkeypatch.setattr(collectives, "FIT_PATH", tmp_path / "collectives.yaml")
+    assert collectives.main([str(folder)]) == 0
+    fit = yaml.safe_load((tmp_path / "collectives.yaml").read_text())
+    kinds = sorted(p.name for p in folder.iterdir() if (p / "all_reduce.csv").is_file())
+    assert sorted(fit["nccl"]) == kinds and all(len(v) == 4 for k in kinds for v in fit["nccl"][k].values())

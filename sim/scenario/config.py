@@ -309,6 +309,11 @@ def _check_ranges(scn: Scenario) -> None:
         value = getattr(getattr(scn, section) if section else scn, name)
         if not ok(value):
             raise UserError(f"{section + '.' if section else ''}{name}: must be {allowed}, got {value!r}")
+    from costmodels.catalog import DTYPE_BYTES
+    kv_dtype = scn.memory.kv_dtype          # (the catalog's own check, later, named only "dtype")
+    if kv_dtype is not None and kv_dtype not in DTYPE_BYTES:
+        raise UserError(f"memory.kv_dtype: {kv_dtype!r} is not allowed; allowed: {', '.join(DTYPE_BYTES)} "
+                        "(or null: the model's)")
     host = scn.hardware.host_memory_gib
     cpu = (scn.memory.cpu_offload_gib + scn.memory.swap_space_gib) * scn.hardware.tp
     if scn.memory.cpu_offload_gib and cpu > host:
