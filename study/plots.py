@@ -372,6 +372,10 @@ def _csv_list(text):
 
 def cmd_plot(args) -> int:
     kind = args.kind
+    if args.target is not None and not 0 < args.target <= 1:        # (1.5 or -1 drew a line off the scale)
+        raise UserError(f"--target: an attainment target must be in (0, 1], got {args.target:g}")
+    if args.capacity_tokens is not None and args.capacity_tokens < 1:  # (0 fell back to the run's M)
+        raise UserError(f"--capacity-tokens: must be >= 1 (KV tokens, M), got {args.capacity_tokens}")
     if kind in ("metric", "attainment"):
         if len(args.inputs) != 1:
             raise UserError(f"plot {kind}: give one results table (results.csv, a sweep or capacity directory)")

@@ -137,6 +137,16 @@ def test_a_kv_dtype_outside_the_catalog_names_the_field(capsys, scenario):
                          "(or null: the model's)"), line
 
 
+@pytest.mark.parametrize("args,message", [
+    (["attainment", "--target", "1.5"], "--target: an attainment target must be in (0, 1], got 1.5"),
+    (["attainment", "--target", "-1"], "--target: an attainment target must be in (0, 1], got -1"),
+    (["timeline", "--capacity-tokens", "0"], "--capacity-tokens: must be >= 1 (KV tokens, M), got 0")])
+def test_plot_options_out_of_range(capsys, tmp_path, args, message):
+    """--target 1.5 drew a target line off the attainment scale; --capacity-tokens 0 fell back to the run's M."""
+    line = one_line_error(capsys, ["plot", args[0], str(tmp_path), *args[1:], "--out", str(tmp_path / "p")])
+    assert line == f"servesim: error: {message}", line
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"
