@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from costmodels.errors import UserError
 from sim.scenario.config import scenario_from_dict
 from sim.cluster.runner import run_scenario
 from sim.paths import REPO_ROOT
@@ -102,7 +103,16 @@ def compute_table(scenarios=None, policies=None, costmodel: dict | None = None,
 
 
 def load_baseline(path=DEFAULT_BASELINE) -> pd.DataFrame:
-    return pd.read_csv(path)
+    """The committed table, or one line saying why a file is not one (a CSV of something else was a KeyError)."""
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a regress baseline ({type(e).__name__}: {str(e).strip()})") from None
+    missing = [c for c in (*KEYS, *METRICS) if c not in table.columns]
+    if missing:
+        raise UserError(f"{path}: not a regress baseline (no column(s) {', '.join(missing)}); write one with "
+                        f"`servesim regress --update --baseline PATH` at a new path")
+    return table
 
 
 def compare(baseline: pd.DataFrame, current: pd.DataFrame) -> list[dict]:
@@ -161,16 +171,19 @@ def write_baseline(table: pd.DataFrame, path=DEFAULT_BASELINE) -> None:
 
 def cmd_regress(args) -> int:
     path = Path(args.baseline)
-    current = compute_table()
+    # the baseline is read before the table is computed: a wrong path is said at once, and --update never
+    # overwrites a file that is not a baseline
     if not path.exists():
         if not args.update:
             print(f"servesim: error: no baseline at {path}; create it with `servesim regress --update`",
                   file=sys.stderr)
             return 2
+        current = compute_table()
         write_baseline(current, path)
         print(f"wrote a new baseline of {len(current)} rows to {path}")
         return 0
     baseline = load_baseline(path)
+    current = compute_table()
     diffs = compare(baseline, current)
     gone = missing_rows(baseline, current)
     print(format_diff(diffs))

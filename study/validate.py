@@ -383,6 +383,8 @@ def format_report(result) -> str:
 
 def cmd_validate(args) -> int:
     only = [x.strip() for x in args.only.split(",")] if args.only else None
+    if only and not all(only):                  # (",17" named an unknown id that was empty)
+        raise UserError(f"validate --only: an empty item in {args.only!r}; give comma-separated experiment ids")
     if args.out:
         output_file(args.out)       # fail before the runs, not after
     result = run_validation(args.data, only, args.overheads, args.jobs, args.kv, progress=sys.stderr)

@@ -147,6 +147,13 @@ def test_plot_options_out_of_range(capsys, tmp_path, args, message):
     assert line == f"servesim: error: {message}", line
 
 
+@pytest.mark.parametrize("only", [",17", "17,,20", " "])
+def test_validate_only_with_an_empty_item(capsys, only):
+    """--only ,17 said "unknown experiment id(s) ;" naming an empty id. Refused before any data is read."""
+    line = one_line_error(capsys, ["validate", "--only", only])
+    assert line == f"servesim: error: validate --only: an empty item in {only!r}; give comma-separated experiment ids"
+
+
 def test_numeric_options_of_every_command_are_finite(capsys, scenario):
     line = one_line_error(capsys, ["plan", scenario(CLUSTER), "--rate", "nan"])
     assert line == "servesim: error: --rate: expected a finite number, got 'nan'"

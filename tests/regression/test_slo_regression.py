@@ -93,3 +93,22 @@ def test_regress_cli_update_then_check(tmp_path, capsys, monkeypatch):
     assert main(["regress", "--update", "--baseline", str(path)]) == 0
     assert "1 change(s) recorded" in capsys.readouterr().out
     assert main(["regress", "--baseline", str(path)]) == 0
+
+
+def test_regress_refuses_a_file_that_is_not_a_baseline_before_computing(tmp_path, capsys, monkeypatch):
+    """A CSV of something else ended in `KeyError: 'scenario'` after the whole table was computed, and --update
+    would have overwritten it."""
+    import study.regress as rg
+    monkeypatch.setattr(rg, "compute_table", lambda: pytest.fail("computed before the baseline was checked"))
+    other = tmp_path / "trace.csv"
+    other.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    from sim.cli import main
+    for update in ([], ["--update"]):
+        assert main(["regress", "--baseline", str(other), *update]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"servesim: error: {other}: not a regress baseline (no column(s) scenario, policy, "
+                              "rate,") and len(err.splitlines()) == 1, err
+    assert other.read_text() == "arrival_s,prompt_tokens,output_tokens\n0,10,5\n"
+    (tmp_path / "empty.csv").write_text("")
+    assert main(["regress", "--baseline", str(tmp_path / "empty.csv")]) == 2
+    assert "not a regress baseline (EmptyDataError" in capsys.readouterr().err
