@@ -451,8 +451,6 @@ def cmd_sweep(args) -> int:
     spec = load_sweep(args.sweep, args.grid, args.set)
     from sim.paths import output_dir
     out = output_dir(args.out or Path("out") / "sweeps" / spec.name)
-    if args.jobs < 1:
-        raise UserError(f"--jobs: must be >= 1, got {args.jobs}")
     points = expand(spec)
     check_points(spec, points)          # before anything is printed or run: an invalid point is the one line
     n = len(points)
