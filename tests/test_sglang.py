@@ -250,15 +250,19 @@ def _settle_one_heap(mem) -> None:
     """The radix cache's settle written the plain way: every eviction candidate in one heap on (last access, push
     order); the least valid one evicted first. The manager keeps them in a FIFO and a heap instead."""
     import heapq
-    for t, _, keys, n in sorted(mem.pending, key=lambda p: (p[0], p[1])):
+    for t, _, blank, keys in mem._pending_in_order():
+        if blank:                       # a blank run of its own
+            mem._blank -= 1
+            mem.runs[mem._blank] = blank
+            mem.queue[mem._blank] = None
         for k in keys:
             mem.queue[k] = None
-            if k >= 0:
-                mem.last_access[k] = t
-                mem._pushes += 1
-                heapq.heappush(mem.heap, (t, mem._pushes, k))
-        mem.queued += n
+            mem.last_access[k] = t
+            mem._pushes += 1
+            heapq.heappush(mem.heap, (t, mem._pushes, k))
+        mem.queued += blank + len(keys)
     mem.pending.clear()
+    mem.pending_cached = False
     debt = mem._owed()
     while debt and mem.runs:
         k = next(iter(mem.runs))

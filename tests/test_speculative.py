@@ -155,9 +155,11 @@ def test_a_window_trims_rejected_drafts_at_block_boundaries_as_the_plain_loop():
             trims.append((mem.clock, r.id, tokens, r.blocks))
             return inner(r, tokens)
 
-        def release_tails(tails, trims=trims, inner=inner_many):       # a window's trims, given at once
-            trims.extend((when, r.id, tokens, held) for when, r, held, tokens in tails)
-            return inner(tails)
+        def release_tails(freed, tails, trims=trims, inner=inner_many):     # a window's trims, given at once
+            listed = tails()
+            trims.extend((when, r.id, tokens, held) for when, r, held, tokens in listed)
+            assert freed == sum(held + (-tokens // 16) for _, _, held, tokens in listed)
+            return inner(freed, tails)
         mem.trim, mem.release_tails = trim, release_tails
         sim = Simulation(req, build_policy({"name": "vllm-v1"}), cm, mem, fast_forward=fast, keep_token_times=True,
                          speculation=Speculation(SpeculativeConfig(**cfg), cm, seed=0))

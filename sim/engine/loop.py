@@ -863,20 +863,38 @@ class Simulation:
         view.kv_cached_tokens += batch.num_tokens
         register = self.memory.register if self.view.prefix_caching else None
         spec = self.speculation
+        if spec is not None:               # verify passes' counters, summed here and added once (verified_many)
+            trim, k, fresh, passes = self.memory.trim, spec.k, spec.rate_only(), 0
+            proposed = accepted = produced = full = full_tokens = freed = 0
         for r, c in zip(batch.reqs, batch.tokens):
             if spec is not None and c > 1 and r.cached >= r.input_tokens:
                 # a verify pass: j drafts accepted and one token from the target, never past the output; the
                 # rejected positions' KV goes back
-                j = spec.draw(r.id, c - 1)
-                gained = min(j + 1, r.output_tokens - r.generated)
-                spec.verified(c - 1, j, gained)
+                ke = c - 1
+                if fresh:                  # Speculation.draw at a rate alone: the generator's next draw
+                    draws = spec._draws or spec.refill()
+                    j = draws.pop() - 1
+                    if j > ke:
+                        j = ke
+                else:
+                    j = spec.draw(r.id, ke)
+                left = r.output_tokens - r.generated
+                gained = j + 1 if j < left else left
+                passes += 1
+                proposed += ke
+                accepted += j
+                produced += gained
+                if ke == k:
+                    full += 1
+                    full_tokens += gained
                 view.kv_cached_tokens -= c - gained
-                r.cached += gained
-                spec.freed_blocks += self.memory.trim(r, r.cached)
+                m = r.cached + gained
+                r.cached = m
+                freed += trim(r, m)
                 r.generated += gained
                 generated += gained
                 r.token_times.extend([now] * gained)
-                if r.generated >= r.output_tokens:
+                if gained == left:
                     self._finish(r, now)
                     finished = True
                 continue
@@ -900,6 +918,8 @@ class Simulation:
                     cohort.join(r)
                     joined = True
         self.tokens_generated += generated
+        if spec is not None and passes:
+            spec.verified_many(passes, proposed, accepted, produced, full, full_tokens, freed)
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
         if joined or finished:

@@ -317,7 +317,9 @@ def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
         del draws[len(draws) - steps * n:]
     if ds is not None:                              # added step by step, as the loop's float sum
         spec.draft_time_s = reduce(add, ds[:steps], spec.draft_time_s)
-    events = []                                     # (step, request, blocks held, tokens kept): a trim
+    first_trims = []                                # step 0's trims: (request, blocks held, tokens kept)
+    gives = []                                      # (request, first step, end step, blocks held): a block given
+    freed = 0                                       # back at each of those steps' ends
     delta = [0] * steps                             # blocks the window's requests hold after each step, less before
     produced = 0
     for i, (r, b0, m0, cum, g) in enumerate(zip(order, held0, ms0, cums, seqs)):
@@ -340,7 +342,8 @@ def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
             held = b0
         kept = -(-m1 // bs)
         if held > kept:
-            events.append((0, i, held, m1))
+            first_trims.append((i, held, m1))
+            freed += held - kept
         delta[0] += kept - b0
         # then each block boundary B below its last token: steps starting within k1 tokens of it reserve the
         # block past it, and give it back at their end while the tokens kept stay at or below B; the step that
@@ -351,19 +354,28 @@ def _window(sim, now, order, mode, lefts, price, prices, arrival, tails):
             if first >= steps:
                 break
             cross = bisect_right(cum, B)            # the first step whose end holds more than B
-            if first < cross:
-                blocks = (B + m0) // bs + 1
-                for s in range(first, cross if cross < steps else steps):
-                    events.append((s, i, blocks, m0 + cum[s]))
+            if first < cross:                       # (those steps keep more than B - bs tokens: one block each)
+                stop = cross if cross < steps else steps
+                gives.append((i, first, stop, (B + m0) // bs + 1))
+                freed += stop - first
             if cross >= steps:
                 break
             delta[cross] += 1
             B += bs
         r.blocks = -(-(m0 + got) // bs)
-    freed = 0
-    if events:                                      # the rejected drafts' blocks, in step then running order
-        events.sort()
-        freed = mem.release_tails([(ends[s], order[i], held, tok) for s, i, held, tok in events])
+    if freed:                                       # the rejected drafts' blocks; their trims one by one only
+        reqs = tuple(order)                         # if the manager asks (a prefix cache ordering them)
+
+        def trims():
+            """The window's trims as the plain loop makes them: (time, request, blocks held, tokens kept), in step
+            then running order."""
+            events = [(0, i, held, m1) for i, held, m1 in first_trims]
+            for i, first, stop, blocks in gives:
+                m0, cum = ms0[i], cums[i]
+                events += [(s, i, blocks, m0 + cum[s]) for s in range(first, stop)]
+            events.sort()
+            return [(ends[s], reqs[i], held, tok) for s, i, held, tok in events]
+        mem.release_tails(freed, trims)
     held_after = list(accumulate(delta))
     mem.free_blocks = free0 - held_after[-1]
     mem.clock = t

@@ -82,16 +82,10 @@ class KVCacheManager:
         req.blocks -= extra
         return extra
 
-    def release_tails(self, tails) -> int:
-        """trim at several steps' ends at once (sim/engine/specwalk.py): `tails` holds (time, request, blocks it
-        held then, tokens it kept) in time order; the caller keeps the requests' block counts. Returns the blocks
-        released."""
-        bs = self.block_size
-        freed = 0
-        for _, _, held, tokens in tails:
-            extra = held + (-tokens // bs)
-            if extra > 0:
-                freed += extra
+    def release_tails(self, freed: int, trims) -> int:
+        """trim at several steps' ends at once (sim/engine/specwalk.py): `freed` blocks in all; `trims()` lists
+        them one by one, (time, request, blocks it held then, tokens it kept) in time order, for a manager that
+        needs them (the prefix cache); the caller keeps the requests' block counts. Returns `freed`."""
         self.free_blocks += freed
         return freed
 

@@ -44,6 +44,11 @@ def _hashable(x) -> bool:
     return True
 
 
+def _time_then_request(p):
+    """A pending free's place in the queue: its time, then its request (a stable sort keeps the rest)."""
+    return p[0], p[1]
+
+
 def new_chain() -> list:
     """A request's chain record: ids, state after the walked tokens, tokens walked, blocks that may carry an
     identity (None: not yet known)."""
@@ -165,7 +170,8 @@ class PrefixCachingKVManager(KVCacheManager):
         self.queue: OrderedDict = OrderedDict()   # free blocks after the pristine ones: identity, or a blank run
         self.runs: dict = {}                # blank run key (negative) → blocks in the run
         self.queued = 0                     # blocks in the queue (identities count one, runs their length)
-        self.pending: list = []             # (time, request id, keys, blocks) freed but not yet queued
+        self.pending: list = []             # (time, request id, blank blocks, identities) freed, not yet queued
+        self.pending_cached = False         # an identity is pending (else pending order is moot: all blank)
         self._blank = 0
         self.clock = 0.0                    # the engine's time, set before it schedules or commits
         self.cpu_capacity = int(cpu_cache_blocks)
@@ -209,13 +215,7 @@ class PrefixCachingKVManager(KVCacheManager):
     def _settle(self) -> None:
         """Queue the pending frees in canonical order, then drop from the head what allocations took."""
         if self.pending:
-            self.pending.sort(key=lambda p: (p[0], p[1]))
-            q = self.queue
-            for _, _, keys, n in self.pending:
-                for k in keys:
-                    q[k] = None
-                self.queued += n
-            self.pending.clear()
+            self._queue_pending()
         debt = self._owed()
         if not debt:
             return
@@ -236,6 +236,46 @@ class PrefixCachingKVManager(KVCacheManager):
                 else:
                     del runs[k]
                     debt -= n
+
+    def _queue_pending(self) -> None:
+        """Move the pending frees to the queue's tail in canonical order. Blank blocks that end up side by side
+        join one run: a run is taken from its head block by block, so two adjacent runs and their sum give the
+        same evictions. With no identity pending (rejected drafts' tails, finished requests' private blocks) the
+        order among them is moot and not sorted for."""
+        pending = self.pending
+        if not self.pending_cached:
+            self._queue_blank(sum(p[2] for p in pending))
+            pending.clear()
+            return
+        self.pending_cached = False
+        q, blank, queued = self.queue, 0, 0
+        for _, _, b, keys in self._pending_in_order():
+            blank += b                      # a request's blank blocks go before its identities (evicted first)
+            if keys:
+                self._queue_blank(blank)
+                blank = 0
+                for k in keys:
+                    q[k] = None
+                queued += len(keys)
+        self._queue_blank(blank)
+        self.queued += queued
+        pending.clear()
+
+    def _queue_blank(self, n: int) -> None:
+        """n blank blocks at the queue's tail: added to the run there, or a new run."""
+        if not n:
+            return
+        q = self.queue
+        if q:
+            last = next(reversed(q))
+            if last < 0:
+                self.runs[last] += n
+                self.queued += n
+                return
+        self._blank -= 1
+        self.runs[self._blank] = n
+        q[self._blank] = None
+        self.queued += n
 
     def _owed(self) -> int:
         """Blocks allocations took beyond the free pristine ones, which the queue must now give up (0: none). The
@@ -392,11 +432,7 @@ class PrefixCachingKVManager(KVCacheManager):
             held = self.held.pop(req.id, ())
             ref = self.ref
             keys = []
-            blank = req.blocks - len(held)
-            if blank:                                     # blank tail blocks go first (evicted first), as one run
-                self._blank -= 1
-                self.runs[self._blank] = blank
-                keys.append(self._blank)
+            blank = req.blocks - len(held)             # blank tail blocks go first (evicted first)
             if finished and self.cpu_capacity:           # private full blocks still travel to the CPU tier
                 for _ in range(req.cached // self.block_size - self._shareable(req)):
                     self._private -= 1
@@ -406,41 +442,57 @@ class PrefixCachingKVManager(KVCacheManager):
                 ref[i] = r
                 if not r:
                     keys.append(i)
-            if self.cpu_capacity:                        # every freed cached block is copied to the CPU tier
-                for i in keys[1:] if blank else keys:
-                    self._to_cpu(i)
-            n = len(keys) - 1 + blank if blank else len(keys)
-            self.free_blocks += n
-            self.pending.append((self.clock, req.id, keys, n))
+            if keys:
+                self.pending_cached = True
+                if self.cpu_capacity:                    # every freed cached block is copied to the CPU tier
+                    for i in keys:
+                        self._to_cpu(i)
+            self.free_blocks += blank + len(keys)
+            self.pending.append((self.clock, req.id, blank, keys))
         else:
             self.held.pop(req.id, None)
         req.blocks = 0
 
     def trim(self, req, tokens: int) -> int:
         """Release the blank tail blocks past those `tokens` need (rejected speculative drafts): decode blocks are
-        never registered, so they return to the free queue as a blank run, evicted first."""
-        extra = self.release_tails(((self.clock, req, req.blocks, tokens),))
+        never registered, so they return to the free queue as a blank run, evicted first. (release_tails for one,
+        inline: the plain loop trims every verify pass.)"""
+        extra = req.blocks + (-tokens // self.block_size)
+        if extra <= 0:
+            return 0
+        if len(self.held.get(req.id, ())) > req.blocks - extra:
+            raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
+        self.pending.append((self.clock, req.id, extra, ()))
+        self.free_blocks += extra
         req.blocks -= extra
         return extra
 
-    def release_tails(self, tails) -> int:
-        """trim at several steps' ends at once (sim/engine/specwalk.py): (time, request, blocks it held then,
-        tokens it kept) in time order, each a blank run queued at its time; the caller keeps the requests' block
-        counts. Returns the blocks released."""
-        bs, runs, pending, registered = self.block_size, self.runs, self.pending, self.held
-        freed = 0
-        for when, req, held, tokens in tails:
-            extra = held + (-tokens // bs)
-            if extra <= 0:
-                continue
-            if len(registered.get(req.id, ())) > held - extra:
-                raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
-            self._blank -= 1
-            runs[self._blank] = extra
-            pending.append((when, req.id, [self._blank], extra))
-            freed += extra
+    def release_tails(self, freed: int, trims) -> int:
+        """trim at several steps' ends at once (sim/engine/specwalk.py): `freed` blocks, `trims()` the trims one by
+        one ((time, request, blocks it held then, tokens it kept), in time order), each a blank run queued at its
+        time. Pending as one entry: only an identity pending beside them makes their order matter
+        (_pending_in_order asks then). The caller keeps the requests' block counts. Returns `freed`."""
+        self.pending.append((None, trims, freed, ()))
         self.free_blocks += freed
         return freed
+
+    def _pending_in_order(self) -> list:
+        """The pending frees one by one (release_tails's written out), sorted: (time, request id, blank blocks,
+        identities) in queue order."""
+        bs, registered, out = self.block_size, self.held, []
+        for p in self.pending:
+            if p[0] is not None:
+                out.append(p)
+                continue
+            for when, req, held, tokens in p[1]():
+                extra = held + (-tokens // bs)
+                if extra <= 0:
+                    continue
+                if len(registered.get(req.id, ())) > held - extra:
+                    raise RuntimeError(f"trim of {req!r} would release registered prefix blocks")
+                out.append((when, req.id, extra, ()))
+        out.sort(key=_time_then_request)
+        return out
 
     def blocks_returned_on_free(self, req) -> int:
         """Blocks free(req) would return now: its own, not those other requests still hold."""

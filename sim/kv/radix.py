@@ -93,24 +93,28 @@ class RadixKVManager(PrefixCachingKVManager):
         blocks, blank blocks, then least recently used unreferenced leaves."""
         q, ref, heap = self.queue, self.ref, self.heap
         pending = self.pending
-        if pending:
-            pending.sort(key=lambda p: (p[0], p[1]))
+        if pending and not self.pending_cached:      # blank blocks only: their order is moot
+            self._queue_pending()
+        elif pending:
+            self.pending_cached = False
             last, pushes, queued = self.last_access, self._pushes, self.queued
             append, tail = self.fifo.append, self._fifo_t
             heap_push = partial(heapq.heappush, heap)
-            for t, _, keys, n in pending:
+            blank = 0
+            for t, _, b, keys in self._pending_in_order():
                 if t < tail:                    # out of order (frees are stamped by a clock that only advances)
                     push = heap_push
                 else:
                     push, tail = append, t
+                blank += b
                 for k in keys:
                     q[k] = None
-                    if k >= 0:
-                        last[k] = t
-                        pushes += 1
-                        push((t, pushes, k))
-                queued += n
+                    last[k] = t
+                    pushes += 1
+                    push((t, pushes, k))
+                queued += len(keys)
             self._pushes, self.queued, self._fifo_t = pushes, queued, tail
+            self._queue_blank(blank)            # (blank blocks are used before any cached one, in any order)
             pending.clear()
         debt = self._owed()
         if not debt:
