@@ -38,12 +38,26 @@ def next_order(policy, view, k: int):
     prefill-first order with nothing queued: its running group is view.running in order, and a decode's verify
     pass is clipped only by the token budget C, checked here. (The rule lives here rather than as a policy method
     so that the policies' code, which the reproduction report's row stamps hash, is unchanged.)"""
-    from policies.unified import UnifiedScheduler
-    if type(policy) is not UnifiedScheduler or policy.config.order == "ranked" or view.waiting or view.swapped \
-            or view.cohort is not None:
+    if type(policy).__name__ != "UnifiedScheduler" or type(policy) is not _unified() \
+            or policy.config.order == "ranked" or view.waiting or view.swapped or view.cohort is not None:
         return None
-    tokens = sum(1 + min(k, r.output_tokens - r.generated - 1) for r in view.running)
+    tokens = 0
+    for r in view.running:
+        left = r.output_tokens - r.generated - 1
+        tokens += 1 + (k if k < left else left)
     return list(view.running) if tokens <= policy.C else None
+
+
+def _unified():
+    """policies.unified.UnifiedScheduler, imported on first use (policies import the engine's modules)."""
+    global _UNIFIED
+    if _UNIFIED is None:
+        from policies.unified import UnifiedScheduler
+        _UNIFIED = UnifiedScheduler
+    return _UNIFIED
+
+
+_UNIFIED = None
 
 
 def full_verify_step(batch, k: int) -> bool:
