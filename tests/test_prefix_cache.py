@@ -196,3 +196,46 @@ def test_invariants_and_fast_equals_plain_every_paged_policy(specs, M):
         pd.testing.assert_frame_equal(res.iterations, plain.iterations, obj=name)
         stats = [k for k in res.summary if k.startswith("prefix_")]     # evictions too: however lazily counted
         assert stats and all(res.summary[k] == plain.summary[k] or res.summary[k] != res.summary[k] for k in stats)
+
+
+def _queue_pending_one_run_each(mem) -> None:
+    """The free queue's catch-up written the plain way: every pending free sorted by (time, request) and queued as
+    its own blank run, then its identities; nothing merged, nothing skipped."""
+    for _, _, blank, keys in mem._pending_in_order():
+        if blank:
+            mem._blank -= 1
+            mem.runs[mem._blank] = blank
+            mem.queue[mem._blank] = None
+        for k in keys:
+            mem.queue[k] = None
+        mem.queued += blank + len(keys)
+    mem.pending.clear()
+    mem.pending_cached = False
+
+
+def test_merged_blank_runs_evict_as_one_run_per_free(monkeypatch):
+    """The queue keeps adjacent blank blocks as one run and, while no identity is pending, adds the pending blank
+    frees (rejected drafts' trims, finished requests' private tails) unsorted. Under eviction, with shared
+    prompts whose cached blocks are freed between the trims, the tables, hit rate and evictions equal those of a
+    queue that sorts every free and keeps each as its own run; both paths of the catch-up are taken."""
+    from sim.cluster.runner import run_scenario
+    from sim.scenario.config import load_scenario
+    sets = ["policy.name=vllm-v1", "memory.M=9000", "speculative.method=eagle", "speculative.k=3",
+            "speculative.acceptance_rate=0.6"]
+    path = "examples/sglang-radix.yaml"
+    taken = {"mixed": 0, "blank": 0}
+    inner = PrefixCachingKVManager._queue_pending
+
+    def counting(mem):
+        taken["mixed" if mem.pending_cached else "blank"] += 1
+        inner(mem)
+    monkeypatch.setattr(PrefixCachingKVManager, "_queue_pending", counting)
+    res = run_scenario(load_scenario(path, sets))
+    assert taken["mixed"] > 50 and taken["blank"] > 50
+    assert res.summary["prefix_evicted_blocks"] > 1000 and res.summary["spec_freed_blocks"] > 1000
+    monkeypatch.setattr(PrefixCachingKVManager, "_queue_pending", _queue_pending_one_run_each)
+    ref = run_scenario(load_scenario(path, sets))
+    assert ref.requests.equals(res.requests) and ref.iterations.equals(res.iterations)
+    drop = {"wall_s"}
+    assert {k: v for k, v in ref.summary.items() if k not in drop} == {k: v for k, v in res.summary.items()
+                                                                       if k not in drop}

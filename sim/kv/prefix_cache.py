@@ -15,7 +15,10 @@ Block pool (counts stay the engine's plain `free_blocks`, so the fast paths work
   it (a lookup), which takes exactly the blocks eager popping would have taken, since both consume in queue order;
 - freed blocks join the queue's tail in a canonical order: by the time they were freed, then request id, and
   within a request last block first (vLLM frees in reverse so a request's prefix outlives its tail). The order
-  does not depend on which engine path freed them, which keeps the fast paths bit-identical to the plain loop;
+  does not depend on which engine path freed them, which keeps the fast paths bit-identical to the plain loop.
+  Blank blocks side by side in the queue are one run (a run is taken block by block from its head, so two
+  adjacent runs and their sum evict alike), and while no identity is pending the pending frees are all blank and
+  join the tail's run unsorted: a speculative run's rejected drafts free a block a few times per step;
 - full blocks become hittable when their tokens are committed (prefill chunks), or when the request frees them
   (blocks filled while decoding: only their own request, or a later turn of its conversation, can hit those, and
   both look only after the free).
