@@ -21,6 +21,7 @@ from sim.kv.paged import KVCacheManager
 from sim.metrics import SimResult, finalize_many, finalize_request, settle_spans
 from sim.engine.request import DONE, INFEASIBLE, RUNNING
 from sim.engine import chunkstep, specstretch, specwalk
+from sim.engine.speculative import verify_pass
 from sim.engine.steptime import DecodeStepTime
 from sim.engine.view import ReplicaView
 
@@ -864,29 +865,13 @@ class Simulation:
         register = self.memory.register if self.view.prefix_caching else None
         spec = self.speculation
         if spec is not None:               # verify passes' counters, summed here and added once (verified_many)
-            trim, k, fresh, passes = self.memory.trim, spec.k, spec.rate_only(), 0
-            proposed = accepted = produced = full = full_tokens = freed = 0
+            trim, fresh, tally, freed = self.memory.trim, spec.rate_only(), [0] * 6, 0
         for r, c in zip(batch.reqs, batch.tokens):
             if spec is not None and c > 1 and r.cached >= r.input_tokens:
                 # a verify pass: j drafts accepted and one token from the target, never past the output; the
                 # rejected positions' KV goes back
-                ke = c - 1
-                if fresh:                  # Speculation.draw at a rate alone: the generator's next draw
-                    draws = spec._draws or spec.refill()
-                    j = draws.pop() - 1
-                    if j > ke:
-                        j = ke
-                else:
-                    j = spec.draw(r.id, ke)
                 left = r.output_tokens - r.generated
-                gained = j + 1 if j < left else left
-                passes += 1
-                proposed += ke
-                accepted += j
-                produced += gained
-                if ke == k:
-                    full += 1
-                    full_tokens += gained
+                gained = verify_pass(spec, r, c - 1, fresh, tally)
                 view.kv_cached_tokens -= c - gained
                 m = r.cached + gained
                 r.cached = m
@@ -918,8 +903,8 @@ class Simulation:
                     cohort.join(r)
                     joined = True
         self.tokens_generated += generated
-        if spec is not None and passes:
-            spec.verified_many(passes, proposed, accepted, produced, full, full_tokens, freed)
+        if spec is not None and tally[0]:
+            spec.verified_many(*tally, freed)
         if finished:
             view.running[:] = [r for r in view.running if r.state == RUNNING]
         if joined or finished:

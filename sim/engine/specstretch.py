@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from sim.engine import specwalk
 from sim.engine.request import RUNNING
+from sim.engine.speculative import verify_pass
 
 
 def applies(sim) -> bool:
@@ -114,11 +115,11 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
     sums_time = spec._sums_time
     trim = mem.trim
     fresh = spec.rate_only()               # else spec.draw: per-request lists first, or a rate of 0 or 1
-    draws = spec._draws
     max_it = sim.max_iterations
     waiting, swapped, running = view.waiting, view.swapped, view.running
     n = len(order)
-    taken = steps = proposed = accepted = produced = full_steps = full_tokens_ = freed = 0
+    taken = freed = 0
+    tally = [0] * 6                        # verify passes, drafts, accepted, tokens, full passes, their tokens
     cs = [0] * n
     # uniform steps (every request verifies k drafts) go through specwalk's tight loop; this loop takes the step
     # that stopped it (a request near its end, an arrival, a KV shortfall, ...) and any other steady one
@@ -130,7 +131,6 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
             walked, now, finished = specwalk.uniform_steps(sim, now, order, dcm, scale, prices, tails)
             if walked:
                 taken += walked
-                draws = spec._draws        # (a block it refilled)
                 if max_it and view.iteration >= max_it:
                     break
             if sim.arrived != arrived:     # its last step delivered an arrival, as the loop's step below would
@@ -189,24 +189,7 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         generated = 0
         for r, c in zip(order, cs):
             if c > 1:
-                ke = c - 1
-                if fresh:
-                    if not draws:
-                        draws = spec.refill()
-                    j = draws.pop() - 1    # (a full pass's tokens)
-                    if j > ke:
-                        j = ke
-                else:
-                    j = spec.draw(r.id, ke)
-                left = r.output_tokens - r.generated
-                gained = j + 1 if j < left else left
-                steps += 1
-                proposed += ke
-                accepted += j
-                produced += gained
-                if ke == k:
-                    full_steps += 1
-                    full_tokens_ += gained
+                gained = verify_pass(spec, r, c - 1, fresh, tally)
                 m = r.cached + gained
                 r.cached = m
                 if r.blocks > -(-m // bs):     # trim releases nothing otherwise (and changes nothing)
@@ -248,5 +231,5 @@ def steady_steps(sim, now: float, order: list, full_tokens: int):
         for r in order:
             r.sched_stamp = it
         sim.fast_forward_iterations += taken
-        spec.verified_many(steps, proposed, accepted, produced, full_steps, full_tokens_, freed)
+        spec.verified_many(*tally, freed)
     return now

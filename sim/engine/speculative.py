@@ -327,6 +327,30 @@ def drafter_memory(cfg: SpeculativeConfig, target, draft, tp: int, kv_dtype=None
     return 0.0, 0.0
 
 
+def verify_pass(spec, r, ke: int, fresh: bool, tally: list) -> int:
+    """One verify pass of running request `r` with ke drafts, as the plain loop's commit takes it: j accepted drafts
+    (the generator's next draw when the rate alone decides (`fresh`: Speculation.rate_only), else
+    Speculation.draw) and one token from the target, never past its output. Counts it into `tally`, [passes,
+    drafts proposed, accepted, tokens, passes with all k drafts, their tokens], for verified_many; returns the
+    tokens gained. (The scheduled step's commit and the steady steps' loop share it.)"""
+    if fresh:
+        j = (spec._draws or spec.refill()).pop() - 1     # (a full pass's tokens)
+        if j > ke:
+            j = ke
+    else:
+        j = spec.draw(r.id, ke)
+    left = r.output_tokens - r.generated
+    gained = j + 1 if j < left else left
+    tally[0] += 1
+    tally[1] += ke
+    tally[2] += j
+    tally[3] += gained
+    if ke == spec.k:
+        tally[4] += 1
+        tally[5] += gained
+    return gained
+
+
 def expected_tokens_per_step(a: float, k: int) -> float:
     """E[j + 1] for k drafts at rate a: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)."""
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
