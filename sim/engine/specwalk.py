@@ -65,7 +65,8 @@ def step_price(cm, dcm, n: int, k: int, scale: float, kept: dict):
 
     For a roofline target and drafter (smooth decode) the prices of BLOCK consecutive pks are worked out at once
     with numpy: time_from_sums's float operations in its order, elementwise (IEEE's, the scalar floats); the
-    example's windows touch 30 blocks (13 batch sizes) for ~28,000 steps. Otherwise one pk at a time through the models' calls."""
+    example's windows touch 30 blocks (13 batch sizes) for ~28,000 steps. Otherwise one pk at a time through the
+    models' calls."""
     k1 = k + 1
     T, c2 = n * k1, n * k1 * k1
     f = cm.time_from_sums
