@@ -870,7 +870,6 @@ class Simulation:
             if spec is not None and c > 1 and r.cached >= r.input_tokens:
                 # a verify pass: j drafts accepted and one token from the target, never past the output; the
                 # rejected positions' KV goes back
-                left = r.output_tokens - r.generated
                 gained = verify_pass(spec, r, c - 1, fresh, tally)
                 view.kv_cached_tokens -= c - gained
                 m = r.cached + gained
@@ -879,7 +878,7 @@ class Simulation:
                 r.generated += gained
                 generated += gained
                 r.token_times.extend([now] * gained)
-                if gained == left:
+                if r.generated >= r.output_tokens:
                     self._finish(r, now)
                     finished = True
                 continue

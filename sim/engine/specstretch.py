@@ -19,6 +19,8 @@ last verify passes to a completion and the step that delivers an arrival, are wo
 (specwalk.py), the rest here one at a time (on the example, 365 of 29,209 steady steps)."""
 from __future__ import annotations
 
+from functools import cache
+
 from sim.engine import specwalk
 from sim.engine.request import RUNNING
 from sim.engine.speculative import verify_pass
@@ -39,8 +41,8 @@ def next_order(policy, view, k: int):
     prefill-first order with nothing queued: its running group is view.running in order, and a decode's verify
     pass is clipped only by the token budget C, checked here. (The rule lives here rather than as a policy method
     so that the policies' code, which the reproduction report's row stamps hash, is unchanged.)"""
-    if type(policy).__name__ != "UnifiedScheduler" or type(policy) is not _unified() \
-            or policy.config.order == "ranked" or view.waiting or view.swapped or view.cohort is not None:
+    if type(policy) is not _unified() or policy.config.order == "ranked" or view.waiting or view.swapped \
+            or view.cohort is not None:
         return None
     tokens = 0
     for r in view.running:
@@ -49,16 +51,11 @@ def next_order(policy, view, k: int):
     return list(view.running) if tokens <= policy.C else None
 
 
+@cache
 def _unified():
     """policies.unified.UnifiedScheduler, imported on first use (policies import the engine's modules)."""
-    global _UNIFIED
-    if _UNIFIED is None:
-        from policies.unified import UnifiedScheduler
-        _UNIFIED = UnifiedScheduler
-    return _UNIFIED
-
-
-_UNIFIED = None
+    from policies.unified import UnifiedScheduler
+    return UnifiedScheduler
 
 
 def full_verify_step(batch, k: int) -> bool:
