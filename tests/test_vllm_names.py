@@ -162,3 +162,18 @@ def test_knobs_lists_every_knob_with_vllm_name_default_and_meaning(capsys):
     assert "R_max [max_num_seqs]" in out and "max_batch [max_num_seqs]" in out
     assert main(["policies", "--knobs", "nope"]) == 2
     assert "--knobs: unknown policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("alias, value", [("max_num_seqs", 0), ("max_num_seqs", -1), ("max_num_batched_tokens", 0),
+                                          ("max_num_seqs", 2.5), ("max_num_seqs", True)])
+def test_vllm_counts_below_one_are_one_line_not_the_knobs_special_values(alias, value):
+    """R_max 0 means no limit and -1 v1's default; vLLM's max_num_seqs 0 must not silently become either."""
+    for raw in ({"policy": {"name": "sarathi", alias: value}}, {alias: value},
+                {"cluster": {"replicas": [{"count": 1, "policy": {alias: value}}]}}):
+        with pytest.raises(UserError, match=rf"\.{alias}: {value!r} is not allowed: vLLM's {alias} is an integer "
+                                            r">= 1 \(servesim policies --knobs"):
+            scenario_from_dict(raw)
+    # the knob's own name keeps its meanings
+    assert scenario_from_dict({"policy": {"name": "sarathi", "R_max": 0}}).policy["R_max"] == 0
+    assert scenario_from_dict({"policy": {"name": "sarathi", alias: 3}}).policy[
+        "R_max" if alias == "max_num_seqs" else "C"] == 3

@@ -271,9 +271,19 @@ def canonical_names(raw: dict) -> dict:
     return raw
 
 
+_VLLM_COUNTS = ("max_num_seqs", "max_num_batched_tokens")     # vLLM's names of limits that are counts
+
+
 def _canonical_policy(spec: dict, where: str, fallback_name):
     from policies.vllm_names import translate_policy
     name = spec.get("name", fallback_name)
+    for alias in _VLLM_COUNTS:
+        value = spec.get(alias)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            # vLLM takes only positive counts here; the knobs they map to give 0 and -1 other meanings (R_max 0:
+            # no limit, -1: v1's default), which the vLLM name must not reach
+            raise UserError(f"{where}.{alias}: {value!r} is not allowed: vLLM's {alias} is an integer >= 1 "
+                            f"(servesim policies --knobs {name or 'NAME'} says what the knob it sets takes)")
     cls = _policy_class({"name": name})
     return spec if cls is None else translate_policy(spec, cls, where, name)
 
