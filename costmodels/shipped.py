@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from costmodels.catalog import get_gpu, get_model
+from costmodels.errors import UserError
 from costmodels.linear import PROFILES_DIR
 
 VIDUR = "microsoft/vidur profiling data (MIT), ../shared/data/profiles/"
@@ -87,12 +88,16 @@ def main(argv=None) -> int:
     if not (shared / "profiles").is_dir():
         print(f"no profiles under {shared}", file=sys.stderr)
         return 2
-    fams = fit_families(shared)
-    (PROFILES_DIR / "roofline-efficiencies.yaml").write_text(yaml.safe_dump(fams, sort_keys=False))
-    print(f"wrote {PROFILES_DIR / 'roofline-efficiencies.yaml'}")
-    for p in fit_profiled_files(shared):
-        print(f"wrote {p}")
-    print(f"wrote {fit_linear_file(shared)}")
+    try:                                   # a folder that lacks a profile the fits read is one line
+        fams = fit_families(shared)
+        (PROFILES_DIR / "roofline-efficiencies.yaml").write_text(yaml.safe_dump(fams, sort_keys=False))
+        print(f"wrote {PROFILES_DIR / 'roofline-efficiencies.yaml'}")
+        for p in fit_profiled_files(shared):
+            print(f"wrote {p}")
+        print(f"wrote {fit_linear_file(shared)}")
+    except UserError as e:
+        print(f"costmodels.shipped: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

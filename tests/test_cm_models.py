@@ -302,3 +302,19 @@ def test_bad_costmodel_input_is_one_line():
         build_costmodel({"kind": "profiled"}, L7, A100, tp=3)
     with pytest.raises(UserError, match="unknown preset 'sglang'"):
         build_costmodel({"kind": "roofline", "overheads": "sglang"}, L7, A100)
+
+
+def test_refitting_the_shipped_files_from_a_folder_without_profiles_is_one_line(tmp_path, capsys):
+    """python -m costmodels.shipped on a data folder that lacks a profile the fits read: one line, exit 2, and the
+    shipped coefficient files untouched."""
+    from costmodels.linear import PROFILES_DIR
+    from costmodels.shipped import main
+    (tmp_path / "profiles" / "vidur-a100-llama-2-7b").mkdir(parents=True)
+    before = (PROFILES_DIR / "roofline-efficiencies.yaml").read_bytes()
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("costmodels.shipped: ") and "vidur-a100-llama-2-7b: folder has no mlp.csv" in err
+    assert "\n" not in err
+    assert (PROFILES_DIR / "roofline-efficiencies.yaml").read_bytes() == before
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == f"no profiles under {tmp_path / 'nowhere'}"
