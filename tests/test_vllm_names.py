@@ -177,3 +177,12 @@ def test_vllm_counts_below_one_are_one_line_not_the_knobs_special_values(alias, 
     assert scenario_from_dict({"policy": {"name": "sarathi", "R_max": 0}}).policy["R_max"] == 0
     assert scenario_from_dict({"policy": {"name": "sarathi", alias: 3}}).policy[
         "R_max" if alias == "max_num_seqs" else "C"] == 3
+
+
+def test_a_null_vllm_count_is_the_presets_default_as_vllms_none_is_the_engines():
+    preset = scenario_from_dict({"policy": {"name": "sarathi"}}).policy
+    for raw in ({"policy": {"name": "sarathi", "max_num_seqs": None}}, {"policy": {"name": "sarathi"},
+                                                                        "max_num_batched_tokens": None}):
+        assert scenario_from_dict(raw).policy == preset
+    # beside the knob it sets, the null gives way to the knob
+    assert scenario_from_dict({"policy": {"name": "sarathi", "R_max": 5, "max_num_seqs": None}}).policy["R_max"] == 5

@@ -278,8 +278,13 @@ def _canonical_policy(spec: dict, where: str, fallback_name):
     from policies.vllm_names import translate_policy
     name = spec.get("name", fallback_name)
     for alias in _VLLM_COUNTS:
-        value = spec.get(alias)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if alias not in spec:
+            continue
+        value = spec[alias]
+        if value is None:                  # vLLM's None: the engine's default, the preset's here
+            spec = {k: v for k, v in spec.items() if k != alias}
+            continue
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             # vLLM takes only positive counts here; the knobs they map to give 0 and -1 other meanings (R_max 0:
             # no limit, -1: v1's default), which the vLLM name must not reach
             raise UserError(f"{where}.{alias}: {value!r} is not allowed: vLLM's {alias} is an integer >= 1 "
