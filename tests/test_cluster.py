@@ -176,6 +176,37 @@ def test_pd_first_token_from_the_prefill_side_as_distserve():
     assert r["generated_tokens"] == r2["generated_tokens"] == 5
 
 
+def test_pd_speculation_the_decode_sides_first_step_makes_the_first_token_alone():
+    """Decode side making the first token, EAGLE with k = 3 at acceptance 1: the first decode step has no drafts
+    to verify (1 token, the first: TTFT ends there), then 4 tokens a pass. Output 6: 1 + 4 + 1 in three steps (a
+    first step verifying 'drafts' would take 4 + 2 in two, and set no first-token time)."""
+    raw = _pd(first_token="decode")
+    raw["workload"] = {"kind": "offline", "num_requests": 1, "prompt": 1001, "output": 6}
+    raw["speculative"] = {"method": "eagle", "k": 3, "acceptance_rate": 1.0}
+    res = _run(raw)
+    r = res.requests.iloc[0]
+    dec = res.iterations[res.iterations.pool == "decode"]
+    ends = (dec["start_s"] + dec["duration_s"]).tolist()
+    assert r["status"] == "done" and r["generated_tokens"] == 6 and len(dec) == 3
+    assert r["first_token_s"] == ends[0] and r["completion_s"] == ends[-1]
+    assert math.isfinite(r["ttft_s"]) and r["ttft_s"] < r["e2e_s"]
+
+
+def test_pd_speculation_fast_path_equals_the_plain_loop():
+    """The P/D example with speculation: the steady verify steps' fast paths give the plain loop's tables, and
+    every completed request has its first token before its completion."""
+    from sim.scenario.config import read_yaml_mapping
+    raw = read_yaml_mapping("examples/cluster-pd.yaml", "scenario file")
+    raw["workload"]["num_requests"] = 150
+    raw["speculative"] = {"method": "eagle", "k": 3, "acceptance_rate": 0.6}
+    fast, plain = (_run({**raw, "sim": {"fast_forward": f}}) for f in (True, False))
+    pd.testing.assert_frame_equal(fast.requests, plain.requests)
+    pd.testing.assert_frame_equal(fast.iterations, plain.iterations)
+    done = fast.requests[fast.requests.status == "done"]
+    assert len(done) > 100 and done.ttft_s.notna().all()
+    assert (done.first_token_s < done.completion_s).all()
+
+
 def test_pd_back_pressure_holds_kv_on_the_prefill_side_and_everything_finishes():
     raw = _pd(prefill=2, decode=1, M=3000)
     raw["workload"] = {**PD_WL, "rate": 20, "output": {"dist": "uniform", "low": 100, "high": 300},
