@@ -208,8 +208,8 @@ class SGLangScheduler(Policy):
         c, mem = self.config, view.memory
         spec = getattr(view, "spec_tokens", 0)
 
-        def tokens(r):
-            return 1 + min(spec, r.output_tokens - r.generated - 1) if spec else 1
+        def tokens(r):             # (no drafts before a request's first token: a P/D decode side's first step)
+            return 1 + min(spec, r.output_tokens - r.generated - 1) if spec and r.generated else 1
 
         decodes = [r for r in view.running if r.cached >= r.input_tokens]
         need = sum(max(0, mem.blocks_for(r.cached + tokens(r)) - r.blocks) for r in decodes)

@@ -431,7 +431,8 @@ class UnifiedScheduler(Policy):
         else:
             c = 1 if used < self.C else 0
             spec = getattr(view, "spec_tokens", 0)
-            if c and spec:                 # speculative decoding: the last token and its drafts, within the budget
+            if c and spec and cand.generated:     # speculative decoding: the last token and its drafts, within
+                # the budget (a request with no token yet, a P/D decode side's first step, has no drafts)
                 c = min(1 + min(spec, cand.output_tokens - cand.generated - 1), self.C - used)
         if c <= 0:
             return _NEXT_CAND if cfg.skip_blocked else _NEXT_GROUP

@@ -190,6 +190,14 @@ def test_pd_speculation_the_decode_sides_first_step_makes_the_first_token_alone(
     assert r["status"] == "done" and r["generated_tokens"] == 6 and len(dec) == 3
     assert r["first_token_s"] == ends[0] and r["completion_s"] == ends[-1]
     assert math.isfinite(r["ttft_s"]) and r["ttft_s"] < r["e2e_s"]
+    # the first step is scheduled and priced as one plain decode at context 1,000 (vLLM schedules it 1 token), not
+    # as a 4-token verify pass with the head's passes
+    from sim.scenario.build import build_simulation
+    sim = build_simulation(scenario_from_dict({k: v for k, v in raw.items() if k != "cluster"}))
+    one = sim.costmodel.time_from_sums(1, 0, 0, 0, 0, 1, 1001) + sim.speculation.draft_time_sums(0, 0, 0, 0, 0, 0, 0)
+    verify = sim.costmodel.time_from_sums(4, 1, 16, 4000, 1000, 0, 0) + sim.speculation.draft_time_sums(
+        0, 0, 0, 0, 0, 1, 1001)
+    assert dec["duration_s"].iloc[0] == one < verify
 
 
 def test_pd_speculation_fast_path_equals_the_plain_loop():

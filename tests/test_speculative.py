@@ -257,6 +257,8 @@ def test_more_draws_keeps_the_generators_stream():
 def test_next_order_is_the_running_order_only_when_the_next_schedule_is_known():
     from sim.engine.specstretch import next_order
     reqs = make_requests([(8, 20), (8, 3), (8, 9)])
+    for r in reqs:                                          # after their prefill step: its token made
+        r.cached, r.generated = 9, 1
     view = type("V", (), {})()
     view.running, view.waiting, view.swapped, view.cohort = list(reqs), [], [], None
     pol = build_policy({"name": "vllm-v1"})
@@ -264,7 +266,10 @@ def test_next_order_is_the_running_order_only_when_the_next_schedule_is_known():
     view.waiting = [make_requests([(5, 5)])[0]]
     assert next_order(pol, view, 3) is None                # a queued request may be admitted
     view.waiting = []
-    pol.C = 4 + 3 + 4 - 1                                   # the verify passes no longer fit the budget
+    reqs[1].generated = 0                                   # no token yet (a P/D decode side): no drafts to verify
+    assert next_order(pol, view, 3) is None
+    reqs[1].generated = 1
+    pol.C = 4 + 2 + 4 - 1                                   # the verify passes no longer fit the budget
     assert next_order(pol, view, 3) is None
     assert next_order(build_policy({"name": "vllm-v0"}), view, 3) is None    # vLLM v0: not known here
 

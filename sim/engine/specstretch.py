@@ -46,6 +46,8 @@ def next_order(policy, view, k: int):
         return None
     tokens = 0
     for r in view.running:
+        if not r.generated:                # no drafts before its first token (a P/D decode side): schedule it
+            return None
         left = r.output_tokens - r.generated - 1
         tokens += 1 + (k if k < left else left)
     return list(view.running) if tokens <= policy.C else None
