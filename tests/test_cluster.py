@@ -203,8 +203,9 @@ def test_pd_speculation_the_decode_sides_first_step_makes_the_first_token_alone(
 def test_pd_speculation_fast_path_equals_the_plain_loop():
     """The P/D example with speculation: the steady verify steps' fast paths give the plain loop's tables, and
     every completed request has its first token before its completion."""
+    from sim.paths import REPO_ROOT
     from sim.scenario.config import read_yaml_mapping
-    raw = read_yaml_mapping("examples/cluster-pd.yaml", "scenario file")
+    raw = read_yaml_mapping(REPO_ROOT / "examples" / "cluster-pd.yaml", "scenario file")
     raw["workload"]["num_requests"] = 150
     raw["speculative"] = {"method": "eagle", "k": 3, "acceptance_rate": 0.6}
     fast, plain = (_run({**raw, "sim": {"fast_forward": f}}) for f in (True, False))

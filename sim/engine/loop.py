@@ -869,12 +869,9 @@ class Simulation:
         for r, c in zip(batch.reqs, batch.tokens):
             if spec is not None and c > 1 and r.cached >= r.input_tokens:
                 # a verify pass: j drafts accepted and one token from the target, never past the output; the
-                # rejected positions' KV goes back. A request with no token yet (a P/D decode side's first step,
-                # the decode side making the first token) has no drafts to verify: the speculating policies
-                # schedule it 1 token, as vLLM does; one that gave it more gets the target's token alone
-                gained = verify_pass(spec, r, c - 1, fresh, tally) if r.generated else 1
-                if r.first_token_s is None:
-                    r.first_token_s = now
+                # rejected positions' KV goes back (a request with no token yet has no drafts: the speculating
+                # policies schedule it 1 token, a plain decode below, which stamps its first token)
+                gained = verify_pass(spec, r, c - 1, fresh, tally)
                 view.kv_cached_tokens -= c - gained
                 m = r.cached + gained
                 r.cached = m
